@@ -1,0 +1,7 @@
+"""`python -m fastload` runs the command-line interface."""
+
+import sys
+
+from fastload.cli import main
+
+sys.exit(main())

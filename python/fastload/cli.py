@@ -1,0 +1,85 @@
+"""The `fastload` command: parses arguments and calls the same functions users call from Python.
+
+Exit status: 0 success, 1 failure (bad store, damaged records, failed run), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from fastload import StoreError, __version__
+from fastload import store as store_mod
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.3f} GB"
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    summary = store_mod.info(args.store)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    h, w, c = summary["shape"]
+    mem = summary["memory"]
+    print(f"store      {summary['path']}")
+    print(f"records    {summary['records']:,} images of {h}x{w}x{c} uint8, labels {summary['label_dtype']}")
+    labels = summary["labels"]
+    if "classes" in labels:
+        print("classes    " + ", ".join(f"{k}: {v:,}" for k, v in labels["classes"].items()))
+    elif labels:
+        print(f"labels     min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}")
+    size, resident = summary["file_bytes"], summary["resident_bytes"]
+    print(f"on disk    {_gb(size)}; in page cache now {_gb(resident)} ({100 * resident / max(size, 1):.0f}%)")
+    print(
+        f"as tensors uint8 {_gb(mem['uint8_bytes'])} vs cached float32 {_gb(mem['float32_bytes'])}; "
+        f"this machine's {_gb(mem['ram_bytes'])} RAM holds {mem['fit_in_ram_uint8']:,} images as uint8, "
+        f"{mem['fit_in_ram_float32']:,} as float32"
+    )
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    damaged = store_mod.verify(args.store)
+    for index, source in damaged:
+        print(f"damaged record {index}" + (f" ({source})" if source else ""))
+    if damaged:
+        print(f"{args.store}: {len(damaged)} damaged record(s)", file=sys.stderr)
+        return 1
+    print(f"{args.store}: every record matches its checksum")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastload", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fastload {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("info", help="summarise a store: size, labels, page-cache residency, memory plan")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_cmd_info)
+
+    p = sub.add_parser("verify", help="recompute every record checksum; exit 1 if any record is damaged")
+    p.add_argument("store")
+    p.set_defaults(run=_cmd_verify)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (StoreError, OSError, ValueError, TypeError) as exc:
+        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"fastload {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""Reading and writing stores: `Store` maps a file and hands out zero-copy views;
+`StoreWriter` writes one atomically. The format is specified in docs/FORMAT.md."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from fastload import _core
+from fastload._core import StoreError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+LABEL_DTYPES = ("float64", "int64")
+
+
+def _fspath(path: Any, what: str = "path") -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, not {type(path).__name__}")
+    return os.fspath(path)
+
+
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+
+
+def _as_writable_array(buf: Any, name: str, dtype: np.dtype, shape: Tuple[int, ...]) -> np.ndarray:
+    """Checks a caller's output buffer (NumPy array or CPU torch tensor) and returns a NumPy view of it."""
+    if _is_tensor(buf):
+        if buf.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor (pinned is fine), not on {buf.device}")
+        if not buf.is_contiguous():
+            raise ValueError(f"{name} must be C-contiguous")
+        if buf.requires_grad:
+            raise ValueError(f"{name} must not require grad")
+        arr = buf.numpy()
+    elif isinstance(buf, np.ndarray):
+        arr = buf
+    else:
+        raise TypeError(f"{name} must be a NumPy array or a torch tensor, not {type(buf).__name__}")
+    if arr.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, not {arr.dtype}")
+    if tuple(arr.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, not {tuple(arr.shape)}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if not arr.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return arr
+
+
+def as_indices(indices: Any) -> np.ndarray:
+    """Converts a sequence of integers to a contiguous int64 array; rejects floats and booleans."""
+    arr = np.asarray(indices)
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"indices must be integers, not {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"indices must be one-dimensional, not of shape {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+class Store:
+    """A read-only, memory-mapped store.
+
+    Every view it returns (`images`, `labels`, `store[i]`) points into the mapping
+    without copying and keeps the mapping alive on its own, so views stay valid after
+    `close()`. Views are read-only: writing to them raises instead of crashing.
+    """
+
+    def __init__(self, path: PathLike):
+        self._core = _core.Store(_fspath(path))
+        self.path = Path(self._core.path)
+        self.shape: Tuple[int, int, int] = tuple(self._core.shape)  # (H, W, C)
+        self.label_dtype = np.dtype(self._core.label_dtype)
+        self._len = self._core.count
+        self._meta: Optional[dict] = None
+        self._images: Optional[np.ndarray] = None
+        self._labels: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self._len} records"
+        h, w, c = self.shape
+        return f"Store({str(self.path)!r}, {state}, {h}x{w}x{c} uint8, labels {self.label_dtype})"
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    @property
+    def image_nbytes(self) -> int:
+        """Bytes of one image (H × W × C)."""
+        h, w, c = self.shape
+        return h * w * c
+
+    @property
+    def file_size(self) -> int:
+        return self._core.file_size
+
+    @property
+    def meta(self) -> dict:
+        """The metadata written with the store (pack options, class names, sources, ...)."""
+        if self._meta is None:
+            self._meta = json.loads(self._core.meta_json)
+        return self._meta
+
+    @property
+    def images(self) -> np.ndarray:
+        """All images as one N×H×W×C read-only uint8 view of the mapping."""
+        if self._images is None:
+            stride = self._core.stride
+            raw = np.frombuffer(self._core.image_bytes(), dtype=np.uint8)
+            h, w, c = self.shape
+            # Records may be padded to a 64-byte stride: strided view, still zero-copy.
+            self._images = np.lib.stride_tricks.as_strided(
+                raw, shape=(self._len, h, w, c), strides=(stride, w * c, c, 1), writeable=False
+            )
+        return self._images
+
+    @property
+    def labels(self) -> np.ndarray:
+        """All labels as one read-only view of the label section."""
+        if self._labels is None:
+            self._labels = np.frombuffer(self._core.label_bytes(), dtype=self.label_dtype)
+        return self._labels
+
+    def __getitem__(self, index: int):
+        """(image view H×W×C, label) of one record; negative indices count from the end."""
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(f"store indices must be integers, not {type(index).__name__}")
+        i = self._core.resolve(int(index))
+        return self.images[i], self.labels[i]
+
+    def __iter__(self):
+        for i in range(self._len):
+            yield self[i]
+
+    def gather(self, indices: Any, out: Any = None, labels_out: Any = None):
+        """Copies the records at `indices` (any order, duplicates allowed) into a batch.
+
+        Returns (images N×H×W×C uint8, labels N). `out` and `labels_out` may be
+        caller-owned buffers (NumPy arrays or CPU torch tensors, pinned ones included);
+        the result then has the same type. The copy runs on Rust threads without the GIL.
+        """
+        idx = as_indices(indices)
+        n = len(idx)
+        shape = (n, *self.shape)
+        if out is None:
+            images = np.empty(shape, dtype=np.uint8)
+            images_np = images
+        else:
+            images = out
+            images_np = _as_writable_array(out, "out", np.dtype(np.uint8), shape)
+        if labels_out is None:
+            labels = np.empty(n, dtype=self.label_dtype)
+            if _is_tensor(out):
+                import torch
+
+                labels = torch.from_numpy(labels)
+            labels_np = labels if isinstance(labels, np.ndarray) else labels.numpy()
+        else:
+            labels = labels_out
+            labels_np = _as_writable_array(labels_out, "labels_out", self.label_dtype, (n,))
+        self._core.gather(
+            idx, images_np.reshape(n, self.image_nbytes), labels_np.view(np.uint8).reshape(n, 8)
+        )
+        return images, labels
+
+    def will_need(self, indices: Any) -> None:
+        """Asks the kernel to start reading these records into the page cache."""
+        self._core.will_need(as_indices(indices))
+
+    def verify(self) -> list:
+        """Record numbers whose bytes no longer match their checksum (empty when intact)."""
+        return self._core.verify()
+
+    def resident_bytes(self) -> Tuple[int, int]:
+        """(bytes of the file in the page cache now, file size)."""
+        return self._core.resident_bytes()
+
+    def check_unchanged(self) -> None:
+        """Raises StoreError if the file was truncated or rewritten in place while mapped."""
+        self._core.check_unchanged()
+
+    def close(self) -> None:
+        """Releases this handle's mapping; views already handed out stay valid."""
+        self._core.close()
+        self._images = self._labels = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StoreWriter:
+    """Writes a store atomically: into a temporary file beside `path`, fsynced and
+    renamed into place by `commit()`. As a context manager it commits on success and
+    discards on an exception, so an interrupted write leaves nothing at `path`."""
+
+    def __init__(
+        self,
+        path: PathLike,
+        shape: Sequence[int],
+        label_dtype: str = "float64",
+        meta: Optional[dict] = None,
+        overwrite: bool = False,
+    ):
+        path = _fspath(path)
+        shape = tuple(shape)
+        if len(shape) == 2:
+            shape = (*shape, 1)
+        if len(shape) != 3 or not all(isinstance(s, (int, np.integer)) for s in shape):
+            raise ValueError(f"shape must be (height, width, channels), not {shape!r}")
+        if any(s <= 0 for s in shape) or any(s >= 2**32 for s in shape):
+            raise ValueError(f"shape must have positive sides, not {shape!r}")
+        if str(label_dtype) not in LABEL_DTYPES:
+            raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
+        self.meta = dict(meta or {})
+        json.dumps(self.meta)  # fail now, not at commit, on unserializable metadata
+        self.path = Path(path)
+        self.shape = tuple(int(s) for s in shape)
+        self.label_dtype = np.dtype(str(label_dtype))
+        self._core = _core.StoreWriter(path, self.shape, str(label_dtype), bool(overwrite))
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def _check_images(self, images: Any, batch: bool) -> np.ndarray:
+        arr = np.asarray(images)
+        if arr.dtype != np.uint8:
+            raise TypeError(f"images must be uint8, not {arr.dtype} (convert and scale them first)")
+        if self.shape[2] == 1 and arr.ndim == 2 + batch:
+            arr = arr[..., None]
+        if tuple(arr.shape[batch:]) != self.shape:
+            raise ValueError(f"image shape {tuple(arr.shape[batch:])} does not match the store's {self.shape}")
+        return np.ascontiguousarray(arr)
+
+    def _check_labels(self, labels: Any) -> np.ndarray:
+        arr = np.asarray(labels)
+        if arr.dtype == bool or not (
+            np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+        ):
+            raise TypeError(f"labels must be numbers, not {arr.dtype}")
+        if (
+            self.label_dtype == np.int64
+            and not np.issubdtype(arr.dtype, np.integer)
+            and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)))
+        ):
+            raise ValueError("int64 labels must be whole numbers")
+        return np.ascontiguousarray(arr, dtype=self.label_dtype)
+
+    def append(self, image: Any, label: Union[int, float]) -> None:
+        """Appends one H×W×C uint8 image (H×W for one channel) and its label."""
+        img = self._check_images(image, batch=False)
+        lab = self._check_labels([label])
+        self._core.append_many(img.reshape(-1), lab.view(np.uint8))
+
+    def extend(self, images: Any, labels: Any) -> None:
+        """Appends N images (N×H×W×C uint8) and their N labels."""
+        img = self._check_images(images, batch=True)
+        lab = self._check_labels(labels)
+        if lab.ndim != 1 or len(lab) != len(img):
+            raise ValueError(f"{len(img)} images but labels of shape {lab.shape}")
+        self._core.append_many(img.reshape(-1), lab.view(np.uint8))
+
+    def commit(self) -> Path:
+        """Finishes the store and moves it into place; returns its path."""
+        from fastload import __version__
+
+        meta = {
+            "fastload_version": __version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **self.meta,
+        }
+        return Path(self._core.commit(json.dumps(meta, ensure_ascii=False)))
+
+    def discard(self) -> None:
+        """Throws the partial store away; nothing is left at `path`."""
+        self._core.discard()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+__all__ = ["Store", "StoreWriter", "StoreError", "info", "verify", "memory_plan"]
+
+
+def machine_memory() -> int:
+    """Total RAM of this machine in bytes (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def memory_plan(count: int, shape: Sequence[int], ram_bytes: Optional[int] = None) -> dict:
+    """What `count` images of `shape` cost as uint8 records and as cached float32 tensors,
+    and how many of each fit in `ram_bytes` (this machine's RAM by default)."""
+    ram = machine_memory() if ram_bytes is None else ram_bytes
+    per_image = int(np.prod(shape))
+    uint8_bytes = count * (per_image + 8)
+    float32_bytes = count * (per_image * 4 + 8)
+    return {
+        "images": count,
+        "shape": list(shape),
+        "uint8_bytes": uint8_bytes,
+        "float32_bytes": float32_bytes,
+        "ram_bytes": ram,
+        "fit_in_ram_uint8": ram // (per_image + 8),
+        "fit_in_ram_float32": ram // (per_image * 4 + 8),
+    }
+
+
+def info(path: PathLike) -> dict:
+    """A summary of a store: size, shape, label statistics, page-cache residency and memory plan."""
+    with Store(path) as store:
+        labels = np.asarray(store.labels)
+        if store.label_dtype == np.int64:
+            values, counts = np.unique(labels, return_counts=True)
+            names = store.meta.get("class_names")
+            stats = {
+                "classes": {
+                    (names[v] if names and 0 <= v < len(names) else str(v)): int(c)
+                    for v, c in zip(values.tolist(), counts.tolist())
+                }
+            }
+        elif len(labels):
+            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
+        else:
+            stats = {}
+        resident, size = store.resident_bytes()
+        return {
+            "path": str(store.path),
+            "records": len(store),
+            "shape": list(store.shape),
+            "label_dtype": str(store.label_dtype),
+            "labels": stats,
+            "file_bytes": size,
+            "resident_bytes": resident,
+            "memory": memory_plan(len(store), store.shape),
+            "meta": {k: v for k, v in store.meta.items() if k not in ("sources", "skipped")},
+        }
+
+
+def verify(path: PathLike) -> list:
+    """Damaged records of a store: a list of (index, source file name or None)."""
+    with Store(path) as store:
+        sources = store.meta.get("sources")
+        return [(i, sources[i] if sources and i < len(sources) else None) for i in store.verify()]

@@ -1,0 +1,49 @@
+//! The `fastload._core` extension module: conversions between Python and the Rust core only.
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyFileExistsError, PyIndexError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::error::Error;
+
+mod store;
+mod writer;
+
+create_exception!(
+    _core,
+    StoreError,
+    PyException,
+    "A store file is missing, unreadable, damaged, or not a fastload store; the message names the file and the failed check."
+);
+
+/// Maps a core error to the Python exception a user expects.
+pub(crate) fn to_py(err: Error) -> PyErr {
+    let message = err.to_string();
+    match err {
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists => {
+            PyFileExistsError::new_err(message)
+        }
+        Error::Format { .. } | Error::Io { .. } => StoreError::new_err(message),
+        Error::Index { .. } => PyIndexError::new_err(message),
+        Error::Value(_) => PyValueError::new_err(message),
+    }
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let store_error = m.py().get_type::<StoreError>();
+    store_error.setattr("__module__", "fastload")?;
+    m.add("StoreError", store_error)?;
+    m.add("FORMAT_VERSION", crate::format::VERSION)?;
+    m.add("MAX_META_LEN", crate::format::MAX_META_LEN)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    store::register(m)?;
+    writer::register(m)?;
+    Ok(())
+}
+
+/// Threads in this process's gather pool (`FASTLOAD_NUM_THREADS` overrides the core count).
+#[pyfunction]
+fn num_threads() -> usize {
+    crate::pool::num_threads()
+}

@@ -1,0 +1,513 @@
+//! Store format v1: the fixed 4096-byte header and the layout of the sections.
+//!
+//! `docs/FORMAT.md` is the specification; this file is its executable form. Every
+//! number read from a file is validated here, with overflow-checked arithmetic,
+//! before anything else touches the file.
+
+use crate::error::FormatError;
+use xxhash_rust::xxh3::xxh3_64;
+
+pub const MAGIC: [u8; 8] = *b"FASTLOAD";
+pub const VERSION: u32 = 1;
+/// Size of the header, and the alignment of the image section.
+pub const HEADER_SIZE: usize = 4096;
+/// Record stride granularity: every record starts on a 64-byte (cache-line) boundary.
+pub const RECORD_ALIGN: u64 = 64;
+/// Alignment of the sections after the image section.
+pub const SECTION_ALIGN: u64 = 64;
+/// Largest metadata section accepted (64 MiB): enough for millions of source names,
+/// small enough that a lying length cannot make a reader allocate without bound.
+pub const MAX_META_LEN: u64 = 64 << 20;
+/// Bytes per label and per checksum.
+pub const LABEL_SIZE: u64 = 8;
+pub const CHECKSUM_SIZE: u64 = 8;
+/// Byte offset of the header checksum: the last 8 bytes of the header.
+const HEADER_CHECKSUM_AT: usize = HEADER_SIZE - 8;
+/// Bytes of the header that carry fields; the rest up to the checksum must be zero.
+const FIELDS_END: usize = 120;
+
+/// The element type of a label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelDtype {
+    Float64,
+    Int64,
+}
+
+impl LabelDtype {
+    pub fn code(self) -> u8 {
+        match self {
+            LabelDtype::Float64 => 1,
+            LabelDtype::Int64 => 2,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(LabelDtype::Float64),
+            2 => Some(LabelDtype::Int64),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LabelDtype::Float64 => "float64",
+            LabelDtype::Int64 => "int64",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "float64" => Some(LabelDtype::Float64),
+            "int64" => Some(LabelDtype::Int64),
+            _ => None,
+        }
+    }
+}
+
+/// Pixel element type code for uint8, the only pixel type of format v1.
+pub const PIXEL_UINT8: u8 = 1;
+
+/// A byte range of the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Section {
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl Section {
+    fn end(&self) -> Option<u64> {
+        self.offset.checked_add(self.length)
+    }
+}
+
+/// The decoded header. Construct with [`Header::new`] (writer) or [`Header::decode`] (reader).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub count: u64,
+    pub height: u32,
+    pub width: u32,
+    pub channels: u32,
+    pub label_dtype: LabelDtype,
+    pub stride: u64,
+    pub images: Section,
+    pub labels: Section,
+    pub checksums: Section,
+    pub meta: Section,
+    pub file_length: u64,
+}
+
+/// Rounds `value` up to a multiple of `align` (a power of two), or None on overflow.
+fn align_up(value: u64, align: u64) -> Option<u64> {
+    Some(value.checked_add(align - 1)? & !(align - 1))
+}
+
+/// Bytes of one image: height × width × channels, overflow-checked.
+pub fn image_bytes(height: u32, width: u32, channels: u32) -> Option<u64> {
+    (height as u64)
+        .checked_mul(width as u64)?
+        .checked_mul(channels as u64)
+}
+
+impl Header {
+    /// Lays out a store of `count` records with `meta_len` bytes of metadata.
+    pub fn new(
+        count: u64,
+        (height, width, channels): (u32, u32, u32),
+        label_dtype: LabelDtype,
+        meta_len: u64,
+    ) -> Result<Header, FormatError> {
+        let overflow = || FormatError::Layout("store size overflows 64 bits".into());
+        check_shape(height, width, channels)?;
+        if meta_len > MAX_META_LEN {
+            return Err(FormatError::Layout(format!(
+                "metadata is {meta_len} bytes, more than the {MAX_META_LEN}-byte limit"
+            )));
+        }
+        let stride = align_up(
+            image_bytes(height, width, channels).ok_or_else(overflow)?,
+            RECORD_ALIGN,
+        )
+        .ok_or_else(overflow)?;
+        let images = Section {
+            offset: HEADER_SIZE as u64,
+            length: stride.checked_mul(count).ok_or_else(overflow)?,
+        };
+        let next = |prev: Section, length: u64| -> Result<Section, FormatError> {
+            let offset =
+                align_up(prev.end().ok_or_else(overflow)?, SECTION_ALIGN).ok_or_else(overflow)?;
+            Ok(Section { offset, length })
+        };
+        let labels = next(images, count.checked_mul(LABEL_SIZE).ok_or_else(overflow)?)?;
+        let checksums = next(
+            labels,
+            count.checked_mul(CHECKSUM_SIZE).ok_or_else(overflow)?,
+        )?;
+        let meta = next(checksums, meta_len)?;
+        let file_length = meta.end().ok_or_else(overflow)?;
+        Ok(Header {
+            count,
+            height,
+            width,
+            channels,
+            label_dtype,
+            stride,
+            images,
+            labels,
+            checksums,
+            meta,
+            file_length,
+        })
+    }
+
+    /// Bytes of one image without the stride padding.
+    pub fn image_len(&self) -> usize {
+        (self.height as usize) * (self.width as usize) * (self.channels as usize)
+    }
+
+    /// Encodes the header into its 4096 bytes, header checksum included.
+    pub fn encode(&self) -> [u8; HEADER_SIZE] {
+        let mut b = [0u8; HEADER_SIZE];
+        let mut w = Cursor { buf: &mut b, at: 0 };
+        w.put(&MAGIC);
+        w.put(&VERSION.to_le_bytes());
+        w.put(&(HEADER_SIZE as u32).to_le_bytes());
+        w.put(&self.count.to_le_bytes());
+        w.put(&self.height.to_le_bytes());
+        w.put(&self.width.to_le_bytes());
+        w.put(&self.channels.to_le_bytes());
+        w.put(&[PIXEL_UINT8, self.label_dtype.code(), 0, 0]);
+        w.put(&self.stride.to_le_bytes());
+        for s in [self.images, self.labels, self.checksums, self.meta] {
+            w.put(&s.offset.to_le_bytes());
+            w.put(&s.length.to_le_bytes());
+        }
+        w.put(&self.file_length.to_le_bytes());
+        debug_assert_eq!(w.at, FIELDS_END);
+        let sum = xxh3_64(&b[..HEADER_CHECKSUM_AT]);
+        b[HEADER_CHECKSUM_AT..].copy_from_slice(&sum.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a header against the actual file length.
+    ///
+    /// Checks, in order: length of the buffer, magic, version, header checksum,
+    /// reserved bytes, shape and dtypes, stride, and every section's bounds.
+    pub fn decode(bytes: &[u8], actual_file_length: u64) -> Result<Header, FormatError> {
+        if bytes.len() < HEADER_SIZE || actual_file_length < HEADER_SIZE as u64 {
+            return Err(FormatError::Truncated(format!(
+                "the file is {actual_file_length} bytes, shorter than the {HEADER_SIZE}-byte header"
+            )));
+        }
+        let b = &bytes[..HEADER_SIZE];
+        if b[..8] != MAGIC {
+            return Err(FormatError::Magic);
+        }
+        let mut r = Reader { buf: b, at: 8 };
+        let version = r.u32();
+        if version != VERSION {
+            return Err(FormatError::Version(version));
+        }
+        let stored_sum = u64::from_le_bytes(b[HEADER_CHECKSUM_AT..].try_into().unwrap());
+        if xxh3_64(&b[..HEADER_CHECKSUM_AT]) != stored_sum {
+            return Err(FormatError::HeaderChecksum);
+        }
+        let header_size = r.u32();
+        if header_size as usize != HEADER_SIZE {
+            return Err(FormatError::Field(format!(
+                "header size is {header_size}, expected {HEADER_SIZE}"
+            )));
+        }
+        let count = r.u64();
+        let (height, width, channels) = (r.u32(), r.u32(), r.u32());
+        let dtypes = r.take4();
+        let stride = r.u64();
+        let mut sections = [Section::default(); 4];
+        for s in sections.iter_mut() {
+            *s = Section {
+                offset: r.u64(),
+                length: r.u64(),
+            };
+        }
+        let file_length = r.u64();
+        if b[FIELDS_END..HEADER_CHECKSUM_AT].iter().any(|&x| x != 0)
+            || dtypes[2] != 0
+            || dtypes[3] != 0
+        {
+            return Err(FormatError::Field(
+                "reserved header bytes are not zero".into(),
+            ));
+        }
+        check_shape(height, width, channels)?;
+        if dtypes[0] != PIXEL_UINT8 {
+            return Err(FormatError::Field(format!(
+                "unknown pixel dtype code {}",
+                dtypes[0]
+            )));
+        }
+        let label_dtype = LabelDtype::from_code(dtypes[1])
+            .ok_or_else(|| FormatError::Field(format!("unknown label dtype code {}", dtypes[1])))?;
+        if file_length != actual_file_length {
+            return Err(if actual_file_length < file_length {
+                FormatError::Truncated(format!(
+                    "the file is {actual_file_length} bytes but its header says {file_length}"
+                ))
+            } else {
+                FormatError::Layout(format!(
+                    "the file is {actual_file_length} bytes but its header says {file_length}: trailing bytes"
+                ))
+            });
+        }
+        if sections[3].length > MAX_META_LEN {
+            return Err(FormatError::Layout(format!(
+                "metadata section is {} bytes, more than the {MAX_META_LEN}-byte limit",
+                sections[3].length
+            )));
+        }
+        // The only valid layout for these fields is the one the writer computes:
+        // recompute it and compare, which checks alignment, stride, section sizes,
+        // ordering, overlap and bounds in one place.
+        let expected = Header::new(
+            count,
+            (height, width, channels),
+            label_dtype,
+            sections[3].length,
+        )?;
+        let names = ["image", "label", "checksum", "metadata"];
+        let expected_sections = [
+            expected.images,
+            expected.labels,
+            expected.checksums,
+            expected.meta,
+        ];
+        if stride != expected.stride {
+            return Err(FormatError::Layout(format!(
+                "record stride is {stride}, expected {} for {height}x{width}x{channels}",
+                expected.stride
+            )));
+        }
+        for ((name, got), want) in names.iter().zip(sections).zip(expected_sections) {
+            if got != want {
+                return Err(FormatError::Layout(format!(
+                    "{name} section at {}+{} does not match the layout for {count} records (expected {}+{})",
+                    got.offset, got.length, want.offset, want.length
+                )));
+            }
+        }
+        if expected.file_length != file_length {
+            return Err(FormatError::Layout(format!(
+                "file length {file_length} does not match the sections (expected {})",
+                expected.file_length
+            )));
+        }
+        Ok(expected)
+    }
+}
+
+fn check_shape(height: u32, width: u32, channels: u32) -> Result<(), FormatError> {
+    if height == 0 || width == 0 {
+        return Err(FormatError::Field(format!(
+            "image size {height}x{width} has a zero side"
+        )));
+    }
+    if !matches!(channels, 1 | 3 | 4) {
+        return Err(FormatError::Field(format!(
+            "{channels} channels; expected 1, 3 or 4"
+        )));
+    }
+    Ok(())
+}
+
+struct Cursor<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take4(&mut self) -> [u8; 4] {
+        let v = self.buf[self.at..self.at + 4].try_into().unwrap();
+        self.at += 4;
+        v
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take4())
+    }
+    fn u64(&mut self) -> u64 {
+        let v = u64::from_le_bytes(self.buf[self.at..self.at + 8].try_into().unwrap());
+        self.at += 8;
+        v
+    }
+}
+
+/// Checksum of one record: xxh3-64 over the image bytes (without padding) then the 8 label bytes.
+pub fn record_checksum(image: &[u8], label: [u8; 8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(image);
+    h.update(&label);
+    h.digest()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Header {
+        Header::new(10, (384, 384, 3), LabelDtype::Float64, 100).unwrap()
+    }
+
+    #[test]
+    fn round_trip() {
+        let h = sample();
+        let bytes = h.encode();
+        assert_eq!(Header::decode(&bytes, h.file_length).unwrap(), h);
+    }
+
+    #[test]
+    fn page_aligned_records_for_384() {
+        let h = sample();
+        assert_eq!(h.stride, 384 * 384 * 3);
+        assert_eq!(h.stride % 4096, 0);
+        assert_eq!(h.images.offset, 4096);
+    }
+
+    #[test]
+    fn stride_rounds_up_to_64() {
+        let h = Header::new(3, (5, 7, 3), LabelDtype::Int64, 0).unwrap();
+        assert_eq!(h.stride, 128);
+        assert_eq!(h.labels.offset % SECTION_ALIGN, 0);
+        assert_eq!(h.meta.offset + h.meta.length, h.file_length);
+    }
+
+    #[test]
+    fn the_issue_sizes() {
+        let h = Header::new(250_000, (384, 384, 3), LabelDtype::Float64, 0).unwrap();
+        assert_eq!(h.images.length + h.labels.length, 110_594_000_000);
+    }
+
+    fn expect(bytes: &[u8], len: u64, want: fn(&FormatError) -> bool) {
+        let err = Header::decode(bytes, len).unwrap_err();
+        assert!(want(&err), "unexpected error: {err}");
+    }
+
+    /// Re-seals a modified header so that the field checks, not the checksum, are what fails.
+    fn reseal(b: &mut [u8; HEADER_SIZE]) {
+        let sum = xxh3_64(&b[..HEADER_CHECKSUM_AT]);
+        b[HEADER_CHECKSUM_AT..].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    #[test]
+    fn every_validation_branch() {
+        let h = sample();
+        let good = h.encode();
+        let len = h.file_length;
+        expect(&good[..100], len, |e| {
+            matches!(e, FormatError::Truncated(_))
+        });
+        expect(&good, 100, |e| matches!(e, FormatError::Truncated(_)));
+        let mut b = good;
+        b[0] = b'X';
+        expect(&b, len, |e| matches!(e, FormatError::Magic));
+        let mut b = good;
+        b[8] = 2;
+        expect(&b, len, |e| matches!(e, FormatError::Version(2)));
+        let mut b = good;
+        b[20] ^= 1;
+        expect(&b, len, |e| matches!(e, FormatError::HeaderChecksum));
+        let mutate = |at: usize, value: &[u8]| {
+            let mut b = good;
+            b[at..at + value.len()].copy_from_slice(value);
+            reseal(&mut b);
+            b
+        };
+        expect(&mutate(12, &[0, 2, 0, 0]), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(200, &[1]), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(24, &0u32.to_le_bytes()), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(32, &2u32.to_le_bytes()), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(36, &[9]), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(37, &[9]), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(38, &[1]), len, |e| {
+            matches!(e, FormatError::Field(_))
+        });
+        expect(&mutate(40, &7u64.to_le_bytes()), len, |e| {
+            matches!(e, FormatError::Layout(_))
+        });
+        // record count that no longer matches the sections
+        expect(&mutate(16, &11u64.to_le_bytes()), len, |e| {
+            matches!(e, FormatError::Layout(_))
+        });
+        // huge record count: overflow must be an error, not a panic
+        expect(&mutate(16, &u64::MAX.to_le_bytes()), len, |e| {
+            matches!(e, FormatError::Layout(_))
+        });
+        // a section moved
+        expect(
+            &mutate(64, &(h.labels.offset + 64).to_le_bytes()),
+            len,
+            |e| matches!(e, FormatError::Layout(_)),
+        );
+        // metadata beyond its bound
+        expect(&mutate(104, &(MAX_META_LEN + 1).to_le_bytes()), len, |e| {
+            matches!(e, FormatError::Layout(_))
+        });
+        // file shorter or longer than the header says
+        expect(&good, len - 1, |e| matches!(e, FormatError::Truncated(_)));
+        expect(&good, len + 1, |e| matches!(e, FormatError::Layout(_)));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("FASTLOAD_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+        ))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4200), len in any::<u64>()) {
+            let _ = Header::decode(&bytes, len);
+        }
+
+        #[test]
+        fn mutated_headers_never_panic(at in 8usize..HEADER_SIZE, value in any::<u8>(), seal in any::<bool>(), extra in 0u64..3) {
+            let h = sample();
+            let mut b = h.encode();
+            b[at] = value;
+            if seal { reseal(&mut b); }
+            let result = Header::decode(&b, h.file_length + extra);
+            if let Ok(decoded) = result {
+                prop_assert_eq!(decoded.encode(), b);
+            }
+        }
+
+        #[test]
+        fn layout_round_trips(count in 0u64..100_000, h in 1u32..2000, w in 1u32..2000, c in prop::sample::select(vec![1u32, 3, 4]), meta in 0u64..10_000, int in any::<bool>()) {
+            let dtype = if int { LabelDtype::Int64 } else { LabelDtype::Float64 };
+            let header = Header::new(count, (h, w, c), dtype, meta).unwrap();
+            prop_assert_eq!(header.stride % RECORD_ALIGN, 0);
+            prop_assert!(header.stride >= image_bytes(h, w, c).unwrap());
+            prop_assert_eq!(Header::decode(&header.encode(), header.file_length).unwrap(), header);
+        }
+    }
+}

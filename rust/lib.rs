@@ -1,0 +1,19 @@
+//! fastload's Rust core: a memory-mapped store of fixed-size uint8 images and the
+//! parallel gather that copies batches out of it. The `python` feature adds the
+//! thin PyO3 binding in `bindings/`.
+
+pub mod error;
+pub mod format;
+pub mod gather;
+pub mod pagecache;
+pub mod pool;
+pub mod store;
+pub mod writer;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+pub use error::{Error, FormatError, Result};
+pub use format::{Header, LabelDtype};
+pub use store::Store;
+pub use writer::StoreWriter;
