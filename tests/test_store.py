@@ -248,14 +248,14 @@ def corrupt(path, offset, data):
 @pytest.mark.parametrize(
     "damage, match",
     [
-        (lambda p: open(p, "wb").close(), "truncated"),
+        (lambda p: p.write_bytes(b""), "truncated"),
         (lambda p: os.truncate(p, 4000), "truncated"),
         (lambda p: os.truncate(p, os.path.getsize(p) - 1), "truncated"),
-        (lambda p: open(p, "ab").write(b"x"), "trailing"),
+        (lambda p: corrupt(p, os.path.getsize(p), b"x"), "trailing"),
         (lambda p: corrupt(p, 0, b"NOTASTOR"), "magic"),
         (lambda p: corrupt(p, 8, struct.pack("<I", 2)), "version 2"),
         (lambda p: corrupt(p, 16, struct.pack("<Q", 7)), "checksum"),
-        (lambda p: open(p, "wb").write(os.urandom(10000)), "magic"),
+        (lambda p: p.write_bytes(os.urandom(10000)), "magic"),
     ],
 )
 def test_bad_files_raise_store_error(store_path, damage, match):
