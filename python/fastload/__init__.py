@@ -9,4 +9,16 @@ from fastload.store import Store, StoreWriter
 
 __version__ = "0.1.0"
 
-__all__ = ["Store", "StoreWriter", "StoreError", "__version__"]
+_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "dataset", "split_indices": "dataset"}
+
+
+def __getattr__(name):
+    # Modules that need torch load on first use, so `import fastload` (and the CLI) stays fast.
+    if name in _TORCH_EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"fastload.{_TORCH_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+
+
+__all__ = ["Store", "StoreWriter", "StoreError", "__version__", "FastLoadDataset", "to_device", "split_indices"]

@@ -1,0 +1,503 @@
+"""Feeding a PyTorch training loop from a store: `FastLoadDataset` yields ready batches
+gathered by Rust threads on a background thread, split across DDP ranks and DataLoader
+workers; `to_device` moves a uint8 batch to the GPU and converts it only there."""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from fastload.store import PathLike, Store, _fspath, as_indices
+
+ORDERS = ("random", "sequential", "block")
+
+# Default `block` order: blocks of at least this many bytes of consecutive records, shuffled
+# as wholes, and records shuffled within windows of this many blocks.
+BLOCK_BYTES = 8 << 20
+WINDOW_BLOCKS = 8
+
+# Slots of the control block shared with DataLoader workers (see `_claim_epoch`).
+_NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = range(5)
+
+
+def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+    return int(value)
+
+
+def split_indices(n_or_store: Union[int, Store, PathLike], val_fraction: float, seed: int = 0):
+    """Splits record numbers 0..n-1 reproducibly into (train, val), disjoint and covering,
+    each sorted, with round(n * val_fraction) records in val. `n_or_store` is a count, a
+    `Store` or a store's path."""
+    if isinstance(n_or_store, (int, np.integer)) and not isinstance(n_or_store, bool):
+        n = _positive_int(n_or_store, "n", minimum=0)
+    elif isinstance(n_or_store, Store):
+        n = len(n_or_store)
+    else:
+        with Store(_fspath(n_or_store, "n_or_store")) as store:
+            n = len(store)
+    if not 0.0 <= float(val_fraction) <= 1.0:
+        raise ValueError(f"val_fraction must be between 0 and 1, not {val_fraction!r}")
+    perm = np.random.Generator(np.random.PCG64(_positive_int(seed, "seed", minimum=0))).permutation(n)
+    n_val = int(round(n * float(val_fraction)))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def epoch_order(
+    indices: np.ndarray, order: str, seed: int, epoch: int, block_size: int, window: int
+) -> np.ndarray:
+    """The order in which one epoch visits `indices`, across all ranks and workers: a
+    function of (seed, epoch, indices) and the order's parameters only."""
+    if order == "sequential":
+        return np.sort(indices)
+    rng = np.random.Generator(np.random.PCG64([seed, epoch]))
+    if order == "random":
+        return indices[rng.permutation(len(indices))]
+    # block: consecutive records stay together in blocks so cold reads stay long and
+    # sequential; blocks are shuffled, then records within each window of blocks.
+    ordered = np.sort(indices)
+    block_of = np.arange(len(ordered)) // block_size
+    block_rank = np.argsort(rng.permutation(int(block_of[-1]) + 1 if len(ordered) else 0))
+    window_of = block_rank[block_of] // window
+    return ordered[np.lexsort((rng.random(len(ordered)), window_of))]
+
+
+class RankPlan:
+    """The batches one rank yields in one epoch. Every rank gets the same number of batches
+    (unequal counts hang DDP): with drop_last=False the epoch order is padded by wrapping
+    around to ceil(M / world_size) records per rank, the last batch of each rank possibly
+    partial; with drop_last=True only full batches are kept and up to
+    world_size * batch_size - 1 records of the tail are dropped. Batches are cut so that all
+    ranks together read consecutive runs of the epoch order."""
+
+    def __init__(self, count: int, batch_size: int, rank: int, world_size: int, drop_last: bool):
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        if drop_last:
+            self.full, self.tail = count // (world_size * batch_size), 0
+        else:
+            self.full, self.tail = divmod(-(-count // world_size), batch_size)
+        self.padded = world_size * (self.full * batch_size + self.tail)
+
+    def __len__(self) -> int:
+        return self.full + (self.tail > 0)
+
+    def batch(self, order: np.ndarray, k: int) -> np.ndarray:
+        """Record numbers of this rank's k-th batch; `order` is padded to `self.padded` records."""
+        b, w, r = self.batch_size, self.world_size, self.rank
+        if k < self.full:
+            return order[(k * w + r) * b : (k * w + r + 1) * b]
+        start = self.full * w * b + r * self.tail
+        return order[start : start + self.tail]
+
+    def pad(self, order: np.ndarray) -> np.ndarray:
+        return np.resize(order, self.padded) if len(order) else order
+
+
+def _use_count(tensor: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+class _Buffer:
+    """One batch's images and labels; `copied` is a CUDA event the next fill waits for, so an
+    asynchronous copy to the GPU of the previous contents finishes first."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+        self.copied: Optional[Any] = None
+        self.baseline = (_use_count(images), _use_count(labels))
+
+    def unreferenced(self) -> bool:
+        return (_use_count(self.images), _use_count(self.labels)) == self.baseline
+
+
+class _BufferPool:
+    """Batch buffers, reused once no tensor built on them is alive anywhere, so a batch the
+    user still holds is never overwritten and steady state allocates nothing. In a DataLoader
+    worker the batches travel to the main process through shared memory, where this process
+    cannot see who holds them: there every batch gets a fresh shared-memory buffer."""
+
+    def __init__(
+        self, batch_size: int, shape: Tuple[int, ...], label_dtype: np.dtype, pin: bool, worker: bool
+    ):
+        self._images_shape = (batch_size, *shape)
+        self._label_dtype = torch.from_numpy(np.empty(0, dtype=label_dtype)).dtype
+        self._pin, self._worker = pin, worker
+        self._reuse = not worker and hasattr(torch._C, "_storage_Use_Count")
+        self._free: collections.deque = collections.deque()
+        self._lent: list = []
+
+    def _allocate(self) -> _Buffer:
+        n = self._images_shape[0]
+        if self._worker:
+            images = (
+                torch.empty(0, dtype=torch.uint8)
+                .set_(torch.UntypedStorage._new_shared(int(np.prod(self._images_shape))))
+                .view(self._images_shape)
+            )
+            labels = (
+                torch.empty(0, dtype=self._label_dtype).set_(torch.UntypedStorage._new_shared(n * 8)).view(n)
+            )
+            return _Buffer(images, labels)
+        return _Buffer(
+            torch.empty(self._images_shape, dtype=torch.uint8, pin_memory=self._pin),
+            torch.empty(n, dtype=self._label_dtype, pin_memory=self._pin),
+        )
+
+    def take(self) -> _Buffer:
+        """A buffer to fill (called by the prefetch thread); waits for a pending GPU copy."""
+        try:
+            buf = self._free.popleft()
+        except IndexError:
+            return self._allocate()
+        if buf.copied is not None:
+            buf.copied.synchronize()
+            buf.copied = None
+        return buf
+
+    def lend(self, buf: _Buffer) -> None:
+        if self._reuse:
+            self._lent.append(buf)
+
+    def reclaim(self) -> None:
+        """Frees lent buffers the user has let go of (called by the consumer thread, whose
+        current CUDA stream is the one the user's copies were queued on)."""
+        still_lent = []
+        for buf in self._lent:
+            if not buf.unreferenced():
+                still_lent.append(buf)
+                continue
+            if self._pin and torch.cuda.is_initialized():
+                buf.copied = torch.cuda.Event()
+                buf.copied.record()
+            self._free.append(buf)
+        self._lent = still_lent
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.05)
+            return
+        except queue.Full:
+            pass
+
+
+def _prefetch(
+    store: Store, batches: Sequence[np.ndarray], pool: _BufferPool, out: queue.Queue, stop: threading.Event
+) -> None:
+    """Background thread: gathers batches in order (Rust threads, GIL released) and asks the
+    kernel to read the following batch's pages meanwhile."""
+    try:
+        for j, idx in enumerate(batches):
+            if stop.is_set():
+                return
+            if j + 1 < len(batches):
+                store.will_need(batches[j + 1])
+            buf = pool.take()
+            n = len(idx)
+            store.gather(idx, out=buf.images[:n], labels_out=buf.labels[:n])
+            _put(out, (buf, n, idx), stop)
+    except BaseException as exc:  # handed to the consumer, which raises it
+        _put(out, _Failure(exc), stop)
+
+
+class FastLoadDataset(torch.utils.data.IterableDataset):
+    """Batches `(images, labels)` (uint8 N×H×W×C, labels float64 or int64) from a store, plus
+    the int64 record numbers when `return_indices=True`.
+
+    Use it with `DataLoader(ds, batch_size=None)` at `num_workers=0` (fastest: Rust threads
+    do the copying while a background thread keeps `prefetch` batches ready), with worker
+    processes, or directly (`for images, labels in ds`). `len(ds)` is the number of batches
+    this rank yields per epoch.
+
+    Order per epoch: "random" (a fresh permutation from (seed, epoch)), "sequential" (store
+    order; the default when shuffle=False) or "block" (blocks of `block_size` consecutive
+    records shuffled, records shuffled within windows of `window` blocks: for stores larger
+    than RAM, where random page-cache misses dominate). The order depends only on (seed,
+    epoch, indices), never on the number of ranks or workers. Each new iteration advances the
+    epoch unless `set_epoch` is called, also in DataLoader workers (persistent or not).
+
+    Distributed: rank and world size come from `torch.distributed` when it is initialized
+    (create the dataset after `init_process_group`). Ranks get disjoint shares and the same
+    number of batches; see `RankPlan` for padding (drop_last=False) and dropping
+    (drop_last=True). DataLoader workers split the rank's batches round-robin.
+
+    Resume: `state_dict()` is (seed, epoch, position = batches already yielded this epoch in
+    this rank); `load_state_dict` makes the next iteration continue with exactly the batches
+    not yet seen. The count is exact at num_workers=0. With workers, batches are made in
+    other processes and this object cannot count what the loop consumed: pass your own
+    `{"seed": ds.seed, "epoch": epoch, "position": batches_consumed}` to `load_state_dict`,
+    which resumes exactly with workers too, since the split among workers is deterministic.
+
+    Buffers: batches land in pinned memory when CUDA is available (or pin_memory=True), so
+    `.to("cuda", non_blocking=True)` is asynchronous, and buffers are reused only after every
+    tensor built on them is gone (and, for pinned ones, after the GPU copy queued on the
+    current stream has finished). In workers batches go to shared memory and are not pinned
+    (use the DataLoader's pin_memory there).
+    """
+
+    def __init__(
+        self,
+        store: Union[Store, PathLike],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        order: Optional[str] = None,
+        drop_last: bool = False,
+        indices: Any = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        prefetch: int = 2,
+        pin_memory: Optional[bool] = None,
+        return_indices: bool = False,
+        block_size: Optional[int] = None,
+        window: int = WINDOW_BLOCKS,
+    ):
+        if isinstance(store, Store):
+            self._store: Optional[Store] = store
+            self.path = str(store.path)
+        else:
+            self.path = _fspath(store, "store")
+            self._store = Store(self.path)
+        self._store_pid = os.getpid()
+        self.batch_size = _positive_int(batch_size, "batch_size")
+        if order is None:
+            order = "random" if shuffle else "sequential"
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+        if not shuffle and order != "sequential":
+            raise ValueError(f"shuffle=False asks for sequential order, but order={order!r}")
+        self.order = order
+        self.seed = _positive_int(seed, "seed", minimum=0)
+        self.drop_last = bool(drop_last)
+        count = len(self._store)
+        if indices is None:
+            self.indices = np.arange(count, dtype=np.int64)
+        else:
+            self.indices = as_indices(indices)
+            bad = self.indices[(self.indices < 0) | (self.indices >= count)]
+            if len(bad):
+                raise IndexError(
+                    f"indices out of range for {self.path} ({count} records): {bad[:5].tolist()}"
+                )
+        self.rank, self.world_size = self._distributed(rank, world_size)
+        self.prefetch = _positive_int(prefetch, "prefetch")
+        cuda = torch.cuda.is_available()
+        if pin_memory and not cuda:
+            raise ValueError("pin_memory=True needs CUDA, which is not available")
+        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
+        self.return_indices = bool(return_indices)
+        self.block_size = (
+            max(1, -(-BLOCK_BYTES // self._store.image_nbytes))
+            if block_size is None
+            else _positive_int(block_size, "block_size")
+        )
+        self.window = _positive_int(window, "window")
+        self._plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
+        # Epoch bookkeeping lives in shared memory so set_epoch/load_state_dict reach
+        # DataLoader workers, persistent ones included, and workers can advance the epoch.
+        self._control = torch.tensor([0, -1, 0, 0, 0], dtype=torch.int64).share_memory_()
+        self._iterations = 0  # iterations started by this copy (worker generations)
+        self._progress: Optional[list] = None  # [epoch, position] of the running iteration
+
+    @staticmethod
+    def _distributed(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+        dist = torch.distributed
+        initialized = dist.is_available() and dist.is_initialized()
+        if world_size is None:
+            world_size = dist.get_world_size() if initialized else 1
+        if rank is None:
+            rank = dist.get_rank() if initialized else 0
+        world_size = _positive_int(world_size, "world_size")
+        rank = _positive_int(rank, "rank", minimum=0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be < world_size, not rank={rank} with world_size={world_size}")
+        return rank, world_size
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+    def __repr__(self) -> str:
+        return (
+            f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "
+            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self)} batches)"
+        )
+
+    def __getstate__(self) -> dict:
+        # Pickles by path: each process maps the store itself.
+        state = self.__dict__.copy()
+        state["_store"] = None
+        state["_progress"] = None
+        return state
+
+    def _open(self) -> Store:
+        if self._store is None or self._store_pid != os.getpid():
+            self._store, self._store_pid = Store(self.path), os.getpid()
+        return self._store
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`)."""
+        ctl = self._control.numpy()
+        ctl[_NEXT_EPOCH] = _positive_int(epoch, "epoch", minimum=0)
+        ctl[_RESUME_EPOCH] = -1
+        self._progress = None
+
+    def state_dict(self) -> dict:
+        """{"seed", "epoch", "position"}: where the next iteration would start to continue this
+        rank's batches; exact at num_workers=0 (see the class docstring for workers)."""
+        if self._progress is not None and self._progress[1] < len(self):
+            epoch, position = self._progress
+        elif self._progress is not None:
+            epoch, position = self._progress[0] + 1, 0
+        else:
+            ctl = self._control.numpy()
+            epoch = int(ctl[_NEXT_EPOCH])
+            position = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
+        return {"seed": self.seed, "epoch": int(epoch), "position": int(position)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Makes the next iteration continue epoch `state["epoch"]` after `position` batches."""
+        missing = {"seed", "epoch", "position"} - set(state)
+        if missing:
+            raise KeyError(f"state is missing {sorted(missing)}")
+        position = _positive_int(state["position"], "position", minimum=0)
+        if position > len(self):
+            raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")
+        self.seed = _positive_int(state["seed"], "seed", minimum=0)
+        self.set_epoch(state["epoch"])
+        ctl = self._control.numpy()
+        ctl[_RESUME_POSITION] = position
+        ctl[_RESUME_EPOCH] = ctl[_NEXT_EPOCH]
+
+    def _claim_epoch(self, worker: Optional[Any]) -> Tuple[int, int]:
+        """(epoch, first batch) of the iteration starting now, advancing the shared epoch.
+
+        In the main process that is plain. DataLoader workers of one loader iteration (a
+        "generation": same base seed, same iteration count of their copy) must agree on the
+        epoch without a lock: worker 0 alone advances it, writing the generation's epoch and
+        key before the next epoch; the others read the next epoch first and the key second,
+        so either they see worker 0's key (and take its epoch) or worker 0 has not yet
+        advanced (and the next epoch they read is the generation's)."""
+        ctl = self._control.numpy()
+        if worker is None:
+            epoch = int(ctl[_NEXT_EPOCH])
+            ctl[_NEXT_EPOCH] = epoch + 1
+        else:
+            generation = hash((worker.seed - worker.id, self._iterations)) or 1
+            self._iterations += 1
+            if worker.id == 0:
+                epoch = int(ctl[_NEXT_EPOCH])
+                ctl[_GENERATION_EPOCH] = epoch
+                ctl[_GENERATION] = generation
+                ctl[_NEXT_EPOCH] = epoch + 1
+            else:
+                epoch = int(ctl[_NEXT_EPOCH])
+                if ctl[_GENERATION] == generation:
+                    epoch = int(ctl[_GENERATION_EPOCH])
+        start = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
+        return epoch, start
+
+    def __iter__(self) -> Iterator[tuple]:
+        worker = torch.utils.data.get_worker_info()
+        epoch, start = self._claim_epoch(worker)
+        store = self._open()
+        store.check_unchanged()
+        order = self._plan.pad(
+            epoch_order(self.indices, self.order, self.seed, epoch, self.block_size, self.window)
+        )
+        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        batches = [self._plan.batch(order, k) for k in range(start + worker_id, len(self._plan), num_workers)]
+        pool = _BufferPool(
+            self.batch_size,
+            store.shape,
+            store.label_dtype,
+            self.pin_memory and worker is None,
+            worker is not None,
+        )
+        progress = None
+        if worker is None:
+            progress = self._progress = [epoch, start]
+        return self._batches(store, batches, pool, progress)
+
+    def _batches(
+        self, store: Store, batches: list, pool: _BufferPool, progress: Optional[list]
+    ) -> Iterator[tuple]:
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_prefetch, args=(store, batches, pool, ready, stop), name="fastload-prefetch", daemon=True
+        )
+        thread.start()
+        try:
+            for _ in range(len(batches)):
+                pool.reclaim()
+                item = ready.get()
+                if isinstance(item, _Failure):
+                    raise item.exc
+                buf, n, idx = item
+                pool.lend(buf)
+                if progress is not None:
+                    progress[1] += 1
+                if self.return_indices:
+                    yield buf.images[:n], buf.labels[:n], torch.from_numpy(np.array(idx))
+                else:
+                    yield buf.images[:n], buf.labels[:n]
+            if progress is not None and self._progress is progress:
+                self._progress = None
+        finally:
+            stop.set()
+            while True:
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    break
+            thread.join()
+
+
+def to_device(
+    images: torch.Tensor,
+    device: Union[str, torch.device],
+    dtype: torch.dtype = torch.float32,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    channels_last: bool = True,
+) -> torch.Tensor:
+    """Moves a uint8 N×H×W×C batch to `device` and only there makes it N×C×H×W `dtype`,
+    scaled to [0, 1] and normalized per channel with `mean`/`std` (in 0–1 units) when given.
+
+    Why: the host-to-device link is a real bottleneck (Thunderbolt ~5 GB/s, PCIe 4.0 x16
+    ~25 GB/s), and uint8 is a quarter of the bytes of float32. The copy is asynchronous
+    when the batch is in pinned memory. With channels_last=True the result keeps the
+    channels_last memory format that NHWC data has anyway (no transpose copy; fast for
+    convolutions on GPUs); otherwise it is made contiguous NCHW.
+    """
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+        raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point dtype, not {dtype}")
+    channels = images.shape[3]
+    x = images.to(device, non_blocking=images.is_pinned()).permute(0, 3, 1, 2).to(dtype)
+    mean_t = torch.zeros(channels) if mean is None else torch.as_tensor(mean, dtype=torch.float64).flatten()
+    std_t = torch.ones(channels) if std is None else torch.as_tensor(std, dtype=torch.float64).flatten()
+    for name, value in (("mean", mean_t), ("std", std_t)):
+        if value.numel() not in (1, channels):
+            raise ValueError(f"{name} must have 1 or {channels} values, not {value.numel()}")
+    if torch.any(std_t == 0):
+        raise ValueError("std must not be zero")
+    scale = (1.0 / (255.0 * std_t)).to(device=x.device, dtype=dtype).view(1, -1, 1, 1)
+    shift = (mean_t / std_t).to(device=x.device, dtype=dtype).view(1, -1, 1, 1)
+    x.mul_(scale).sub_(shift)
+    return x if channels_last else x.contiguous()

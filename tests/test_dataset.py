@@ -1,0 +1,411 @@
+"""FastLoadDataset as a training loop sees it: orders, splits across ranks and workers,
+resume, buffer safety, prefetch thread lifetime, memory sharing; to_device; split_indices."""
+
+import gc
+import multiprocessing
+import os
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastload import FastLoadDataset, Store, StoreError, StoreWriter, split_indices, to_device
+from fastload.dataset import RankPlan, epoch_order
+
+N = 53  # does not divide by the batch sizes or world sizes used here
+
+
+def write_store(path, n, shape=(4, 3, 3), seed=0):
+    images = np.random.default_rng(seed).integers(0, 256, (n, *shape), dtype=np.uint8)
+    with StoreWriter(path, shape, label_dtype="int64") as w:
+        w.extend(images, np.arange(n) * 10)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    return write_store(tmp_path_factory.mktemp("ds") / "s.bin", N)
+
+
+def epoch(ds, num_workers=None, **loader_kwargs):
+    """Record numbers of each batch of one epoch (directly, or through a DataLoader)."""
+    source = (
+        ds
+        if num_workers is None
+        else DataLoader(ds, batch_size=None, num_workers=num_workers, **loader_kwargs)
+    )
+    return [batch[2].tolist() for batch in source]
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name == "fastload-prefetch"]
+
+
+SUBSETS = [None, [50, 3, 7, 8, 9, 10, 11, 30, 31, 32, 40, 1, 2]]
+
+
+@pytest.mark.parametrize("order", ["random", "sequential", "block"])
+@pytest.mark.parametrize("indices", SUBSETS)
+def test_every_order_covers_the_epoch_deterministically(store_path, order, indices):
+    expected = sorted(range(N) if indices is None else indices)
+
+    def make():
+        return FastLoadDataset(
+            store_path, 4, order=order, indices=indices, seed=3, block_size=3, window=2, return_indices=True
+        )
+
+    ds = make()
+    first, second = epoch(ds), epoch(ds)
+    assert len(first) == len(ds) == -(-len(expected) // 4)
+    assert all(len(b) == 4 for b in first[:-1])
+    assert sorted(sum(first, [])) == expected == sorted(sum(second, []))
+    assert epoch(make()) == first  # same (seed, epoch): same order
+    if order == "sequential":
+        assert sum(first, []) == expected == sum(second, [])
+    else:
+        assert first != second  # the epoch advances by itself
+        other = make()
+        other.set_epoch(1)
+        assert epoch(other) == second
+
+
+def test_block_order_keeps_blocks_together():
+    order = epoch_order(np.arange(1000), "block", seed=1, epoch=0, block_size=10, window=4)
+    assert sorted(order) == list(range(1000))
+    assert not np.array_equal(order, np.arange(1000))
+    windows = order.reshape(-1, 40) // 10  # each window of 40 draws from exactly 4 whole blocks
+    assert all(len(set(w)) == 4 for w in windows)
+    assert sorted(np.unique(windows)) == list(range(100))
+
+
+def test_shuffle_false_is_sequential(store_path):
+    ds = FastLoadDataset(store_path, 10, shuffle=False, return_indices=True)
+    assert sum(epoch(ds), []) == list(range(N))
+    with pytest.raises(ValueError, match="shuffle=False"):
+        FastLoadDataset(store_path, 10, shuffle=False, order="block")
+
+
+@pytest.mark.parametrize("order", ["random", "block"])
+def test_workers_do_not_change_the_order(store_path, order):
+    ds = FastLoadDataset(store_path, 4, order=order, block_size=5, return_indices=True)
+    reference = []
+    for e in range(2):
+        ds.set_epoch(e)
+        reference.append(epoch(ds))
+    for workers in (0, 1, 2):
+        for e in range(2):
+            ds.set_epoch(e)
+            assert epoch(ds, workers) == reference[e], (workers, e)
+
+
+def test_workers_advance_the_epoch_without_set_epoch(store_path):
+    reference = FastLoadDataset(store_path, 4, return_indices=True)
+    expected = [epoch(reference) for _ in range(3)]
+    fresh = FastLoadDataset(store_path, 4, return_indices=True)
+    assert [epoch(fresh, 2) for _ in range(2)] == expected[:2]  # new workers every epoch
+    persistent = FastLoadDataset(store_path, 4, return_indices=True)
+    loader = DataLoader(persistent, batch_size=None, num_workers=2, persistent_workers=True)
+    assert [[b[2].tolist() for b in loader] for _ in range(3)] == expected
+    persistent.set_epoch(1)  # reaches the running workers
+    assert [b[2].tolist() for b in loader] == expected[1]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_drop_last(store_path, drop_last):
+    ds = FastLoadDataset(store_path, 10, drop_last=drop_last, return_indices=True)
+    batches = epoch(ds)
+    sizes = [len(b) for b in batches]
+    assert sizes == ([10] * 5 if drop_last else [10] * 5 + [3])
+    assert len(ds) == len(batches)
+    assert len(set(sum(batches, []))) == sum(sizes)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 7])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_get_disjoint_equal_shares(store_path, world_size, drop_last):
+    shares = [
+        sum(
+            epoch(
+                FastLoadDataset(
+                    store_path, 4, rank=r, world_size=world_size, drop_last=drop_last, return_indices=True
+                )
+            ),
+            [],
+        )
+        for r in range(world_size)
+    ]
+    counts = {
+        len(FastLoadDataset(store_path, 4, rank=r, world_size=world_size, drop_last=drop_last))
+        for r in range(world_size)
+    }
+    assert len(counts) == 1
+    seen = sum(shares, [])
+    assert len({len(s) for s in shares}) == 1
+    if drop_last:
+        assert len(seen) == len(set(seen)) == N // (4 * world_size) * 4 * world_size
+    else:
+        padding = -(-N // world_size) * world_size - N
+        assert set(seen) == set(range(N))
+        assert len(seen) == N + padding  # wrapped-around records, seen twice
+
+
+def test_rank_plan_with_fewer_records_than_ranks():
+    plan = RankPlan(2, batch_size=4, rank=4, world_size=5, drop_last=False)
+    assert len(plan) == 1
+    assert plan.batch(plan.pad(np.array([7, 8])), 0).tolist() == [7]
+
+
+def test_batches_equal_store_gather(store_path):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 8, return_indices=True)
+    for images, labels, idx in ds:
+        expected_images, expected_labels = store.gather(idx.numpy())
+        assert images.dtype == torch.uint8 and images.shape == (len(idx), 4, 3, 3)
+        assert labels.dtype == torch.int64
+        np.testing.assert_array_equal(images.numpy(), expected_images)
+        np.testing.assert_array_equal(labels.numpy(), expected_labels)
+
+
+def test_held_batches_are_never_overwritten(store_path):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 2, prefetch=2, return_indices=True)
+    held, addresses = [], []
+    for k, (images, labels, idx) in enumerate(ds):
+        addresses.append(images.data_ptr())
+        if k % 5 == 0:
+            held.append((images, labels, idx))
+        elif k % 5 == 1:
+            held.append((images[:, 0], labels[:1], idx))  # only a derived view survives
+        elif k % 5 == 2:
+            held.append((images.numpy(), labels.numpy(), idx))  # only a NumPy view survives
+        del images, labels
+    for images, labels, idx in held:
+        expected_images, expected_labels = store.gather(idx.numpy())
+        np.testing.assert_array_equal(
+            np.asarray(images), expected_images[:, 0] if images.ndim == 3 else expected_images
+        )
+        np.testing.assert_array_equal(np.asarray(labels), expected_labels[: len(labels)])
+    assert len(set(addresses)) < len(addresses)  # buffers of dropped batches were reused
+
+
+def test_worker_batches_stay_valid_when_held(store_path):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4, return_indices=True)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    for images, labels, idx in batches:
+        expected_images, expected_labels = store.gather(idx.numpy())
+        np.testing.assert_array_equal(images.numpy(), expected_images)
+        np.testing.assert_array_equal(labels.numpy(), expected_labels)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_yields_exactly_the_remaining_batches(store_path, workers):
+    ds = FastLoadDataset(store_path, 4, seed=5, return_indices=True)
+    ds.set_epoch(2)
+    full = epoch(ds)
+    ds.set_epoch(2)
+    it = iter(ds)
+    seen = [next(it)[2].tolist() for _ in range(6)]
+    state = ds.state_dict()
+    assert state == {"seed": 5, "epoch": 2, "position": 6}
+    del it
+    restarted = FastLoadDataset(store_path, 4, seed=0, return_indices=True)
+    restarted.load_state_dict(state)
+    rest = epoch(restarted, workers if workers else None)
+    assert seen + rest == full
+    if not workers:
+        assert restarted.state_dict() == {"seed": 5, "epoch": 3, "position": 0}
+
+
+def test_state_dict_rejects_bad_states(store_path):
+    ds = FastLoadDataset(store_path, 4)
+    with pytest.raises(KeyError, match="position"):
+        ds.load_state_dict({"seed": 0, "epoch": 1})
+    with pytest.raises(ValueError, match="beyond"):
+        ds.load_state_dict({"seed": 0, "epoch": 1, "position": len(ds) + 1})
+
+
+def test_breaking_out_stops_the_prefetch_thread(store_path):
+    ds = FastLoadDataset(store_path, 2, prefetch=3)
+    for _ in ds:
+        assert len(prefetch_threads()) == 1
+        break
+    assert prefetch_threads() == []
+    for k, _ in enumerate(DataLoader(ds, batch_size=None)):
+        if k == 3:
+            break
+    gc.collect()
+    assert prefetch_threads() == []
+
+
+def test_gather_errors_reach_the_consumer(store_path, monkeypatch):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4)
+    calls = []
+
+    def failing_gather(indices, out=None, labels_out=None):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk went away")
+        return Store.gather(store, indices, out=out, labels_out=labels_out)
+
+    monkeypatch.setattr(store, "gather", failing_gather)
+    got = []
+    with pytest.raises(OSError, match="disk went away"):
+        for batch in ds:
+            got.append(batch)
+    assert len(got) == 2
+    assert prefetch_threads() == []
+
+
+def test_truncated_store_is_detected_at_the_next_epoch(tmp_path):
+    path = write_store(tmp_path / "t.bin", 20)
+    ds = FastLoadDataset(path, 4)
+    assert len(list(ds)) == 5
+    os.truncate(path, os.path.getsize(path) - 4096)
+    with pytest.raises(StoreError):
+        next(iter(ds))
+
+
+def test_pickles_by_path(store_path):
+    ds = FastLoadDataset(Store(store_path), 4, seed=2, return_indices=True)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._store is None
+    assert epoch(copy) == epoch(ds)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, not 0"),
+        ({"batch_size": 2.5}, ValueError, "batch_size"),
+        ({"order": "shuffled"}, ValueError, "order must be one of random, sequential, block, not 'shuffled'"),
+        ({"indices": [0, N]}, IndexError, f"indices out of range .*{N} records.*\\[{N}\\]"),
+        ({"indices": [-1]}, IndexError, "out of range"),
+        ({"indices": [0.5]}, TypeError, "integers"),
+        ({"rank": 2, "world_size": 2}, ValueError, "rank must be < world_size"),
+        ({"rank": -1, "world_size": 2}, ValueError, "rank"),
+        ({"prefetch": 0}, ValueError, "prefetch"),
+        ({"window": 0}, ValueError, "window"),
+        ({"seed": -3}, ValueError, "seed"),
+    ],
+)
+def test_bad_arguments(store_path, kwargs, error, match):
+    args = {"batch_size": 4, **kwargs}
+    with pytest.raises(error, match=match):
+        FastLoadDataset(store_path, **args)
+
+
+def test_bad_store_paths(tmp_path):
+    with pytest.raises(StoreError):
+        FastLoadDataset(tmp_path / "missing.bin", 4)
+    with pytest.raises(TypeError, match="store"):
+        FastLoadDataset(42, 4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_pin_memory_needs_cuda(store_path):
+    with pytest.raises(ValueError, match="CUDA"):
+        FastLoadDataset(store_path, 4, pin_memory=True)
+
+
+def test_split_indices():
+    train, val = split_indices(103, 0.2, seed=1)
+    assert len(val) == 21 and len(train) == 82
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(103))
+    assert np.array_equal(split_indices(103, 0.2, seed=1)[1], val)
+    assert not np.array_equal(split_indices(103, 0.2, seed=2)[1], val)
+    assert train.dtype == np.int64 and list(train) == sorted(train)
+    with pytest.raises(ValueError, match="val_fraction"):
+        split_indices(10, 1.5)
+
+
+def test_split_indices_from_a_store_feeds_datasets(store_path):
+    train, val = split_indices(store_path, 0.25)
+    assert len(train) + len(val) == N
+    ds = FastLoadDataset(Store(store_path), 5, indices=val, return_indices=True)
+    assert sorted(sum(epoch(ds), [])) == val.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_to_device_layout_dtype_and_normalization(dtype):
+    images = torch.randint(0, 256, (2, 5, 4, 3), dtype=torch.uint8)
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.5]
+    x = to_device(images, "cpu", dtype=dtype, mean=mean, std=std)
+    assert x.shape == (2, 3, 5, 4) and x.dtype == dtype
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    expected = (
+        images.permute(0, 3, 1, 2).double() / 255 - torch.tensor(mean).view(1, 3, 1, 1).double()
+    ) / torch.tensor(std).view(1, 3, 1, 1).double()
+    torch.testing.assert_close(
+        x.double(), expected, atol=0.03 if dtype == torch.bfloat16 else 1e-5, rtol=0.01
+    )
+    plain = to_device(images, "cpu", channels_last=False)
+    assert plain.is_contiguous() and plain.shape == (2, 3, 5, 4)
+    torch.testing.assert_close(plain, images.permute(0, 3, 1, 2).float() / 255)
+
+
+def test_to_device_rejects_bad_input():
+    with pytest.raises(TypeError, match="uint8"):
+        to_device(torch.zeros(1, 2, 2, 3), "cpu")
+    with pytest.raises(ValueError, match="mean must have 1 or 3 values"):
+        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", mean=[0.1, 0.2])
+
+
+def _rss_anon():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+
+def _mapping_memory(path):
+    """Rss, Shared_Clean, Private_Clean, Private_Dirty... summed over this process's mappings of `path`."""
+    totals, inside = {}, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split()[0]
+            if not first.endswith(":"):  # a mapping's header line: "start-end perms offset dev inode path"
+                inside = line.rstrip("\n").endswith(str(path))
+            elif inside and line.split()[-1] == "kB":
+                totals[first[:-1]] = totals.get(first[:-1], 0) + int(line.split()[1]) * 1024
+    return totals
+
+
+def _read_epoch_and_report(path, barrier, results):
+    ds = FastLoadDataset(path, 32, pin_memory=False)  # alive until measured: it maps the store
+    anon_before = _rss_anon()
+    for _ in ds:
+        pass
+    barrier.wait()  # every process has mapped the whole store before anyone measures
+    results.put({"anon_growth": _rss_anon() - anon_before, **_mapping_memory(path)})
+    barrier.wait()
+
+
+def test_processes_share_the_store_pages(tmp_path):
+    path = write_store(tmp_path / "big.bin", 1400, shape=(128, 128, 3))  # 69 MB
+    size = os.path.getsize(path)
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_read_epoch_and_report, args=(path, barrier, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for r in reports:
+        assert r["Shared_Clean"] > 0.9 * size  # the store's pages, mapped by all three
+        assert r["Private_Clean"] + r["Private_Dirty"] == 0  # ... and held by none privately
+        assert r["Pss"] < 0.4 * size  # each accounts for a third
+        assert r["anon_growth"] < 0.2 * size  # private memory: a few batch buffers
+
+
+def test_anonymous_memory_does_not_grow_with_the_store(tmp_path):
+    path = write_store(tmp_path / "big.bin", 1400, shape=(128, 128, 3))
+    ds = FastLoadDataset(path, 32, pin_memory=False)
+    before = _rss_anon()
+    for _ in ds:
+        pass
+    assert _rss_anon() - before < 0.2 * os.path.getsize(path)
