@@ -1,0 +1,1045 @@
+"""`fastload bench`: measures every stage of a rig's feeding path (memory, disk, the
+host-to-device link), fastload itself and the loaders a user would pick instead, all on
+the same records, and names the stage that bounds the path.
+
+`run()` is the single implementation; the `fastload bench` command only parses its
+arguments. Every figure is the median of several repetitions with its spread.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+import fastload
+from fastload import _core
+from fastload.cli import _gb
+from fastload.store import PathLike, Store, StoreWriter, _fspath, machine_memory, memory_plan
+
+STAGES = (
+    "memcpy",
+    "disk",
+    "h2d",
+    "gather",
+    "dataset",
+    "to_device",
+    "memmap",
+    "dataloader",
+    "jpeg",
+    "litdata",
+    "streaming",
+)
+NOISY_SPREAD_PCT = 20.0
+SYNTHETIC_SHAPE = (224, 224, 3)
+INSTALL_EXTRA = "pip install 'fastload[bench]'"
+
+
+@dataclass
+class Plan:
+    """How much each stage moves: full runs take minutes, `quick` ones seconds."""
+
+    sample_bytes: int  # records 0..K-1 that every stage reads (the same bytes for all)
+    copy_bytes: int  # memcpy buffer, large enough to leave the CPU caches
+    loader_records: int  # per-item Python loaders (DataLoader recipe) are slow: fewer records
+    jpeg_records: int
+    h2d_bytes: int
+    min_run_s: float  # warm runs repeat their trial to last this long
+
+    @classmethod
+    def for_run(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(64 << 20, 64 << 20, 1024, 64, 256 << 20, 0.1)
+        return cls(2 << 30, 512 << 20, 16384, 512, 2 << 30, 0.5)
+
+
+@dataclass
+class Figure:
+    """One measured method: `repeats` runs over the same images and bytes."""
+
+    stage: str
+    method: str
+    kind: str  # "limit", "fastload" or "baseline"
+    images: float
+    nbytes: int
+    seconds: List[float]
+    cpu_seconds: List[float]
+    note: str = ""
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / statistics.median(self.seconds)
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.nbytes / statistics.median(self.seconds)
+
+    @property
+    def spread_pct(self) -> float:
+        """(fastest - slowest run) as % of the median rate."""
+        rates = [1.0 / s for s in self.seconds]
+        return 100.0 * (max(rates) - min(rates)) / statistics.median(rates)
+
+    @property
+    def cpu_us_per_image(self) -> float:
+        return 1e6 * statistics.median(self.cpu_seconds) / self.images
+
+    def as_dict(self, memcpy_rate: Optional[float], fastload_rate: Optional[float]) -> dict:
+        return {
+            "stage": self.stage,
+            "method": self.method,
+            "kind": self.kind,
+            "images_per_s": self.images_per_s,
+            "gb_per_s": self.bytes_per_s / 1e9,
+            "spread_pct": self.spread_pct,
+            "vs_memcpy": self.bytes_per_s / memcpy_rate if memcpy_rate else None,
+            "vs_fastload": self.bytes_per_s / fastload_rate if fastload_rate else None,
+            "cpu_us_per_image": self.cpu_us_per_image,
+            "images_per_run": self.images,
+            "bytes_per_run": self.nbytes,
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "note": self.note,
+            **self.extra,
+        }
+
+
+class Skip(Exception):
+    """A stage that cannot run on this machine; the message says why (and how to enable it)."""
+
+
+@dataclass
+class Context:
+    """Facts about the benchmarked store; stages open their own handles so that no mapping
+    outlives a stage (a mapped page cannot be evicted for the cold runs)."""
+
+    path: str
+    count: int
+    shape: Tuple[int, int, int]
+    stride: int
+    file_size: int
+    sample: int  # records 0..sample-1 are the bytes every stage reads
+    labels: np.ndarray
+    plan: Plan
+    repeats: int
+    batch_size: int
+    workdir: str
+    cuda: bool
+
+    @property
+    def image_nbytes(self) -> int:
+        h, w, c = self.shape
+        return h * w * c
+
+    @property
+    def sample_bytes(self) -> int:
+        return self.sample * self.image_nbytes
+
+    def order(self, seed: int = 0) -> np.ndarray:
+        return np.random.default_rng(seed).permutation(self.sample)
+
+    def batches(self, indices: np.ndarray) -> List[np.ndarray]:
+        return [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (DataLoader workers), all threads."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _repeat(
+    ctx: Context,
+    trial: Callable[[], Tuple[float, int]],
+    prepare: Optional[Callable[[], None]] = None,
+    warmup: bool = True,
+) -> Tuple[float, int, List[float], List[float]]:
+    """Runs `trial` (returning images, bytes moved) ctx.repeats times; returns the images and
+    bytes of one run with each run's wall and CPU seconds. With `warmup`, an untimed first
+    call also sizes each run to last at least plan.min_run_s (a run of a few milliseconds
+    measures the scheduler, not the copy). `prepare` runs untimed before each timed run
+    (e.g. to evict the page cache)."""
+    calls = 1
+    if warmup:
+        t0 = time.perf_counter()
+        trial()
+        calls = max(1, math.ceil(ctx.plan.min_run_s / max(time.perf_counter() - t0, 1e-6)))
+    seconds, cpu = [], []
+    images = nbytes = 0
+    for _ in range(ctx.repeats):
+        if prepare is not None:
+            prepare()
+        c0, t0 = _cpu_seconds(), time.perf_counter()
+        for _ in range(calls):
+            images, nbytes = trial()
+        seconds.append(time.perf_counter() - t0)
+        cpu.append(_cpu_seconds() - c0)
+    return images * calls, nbytes * calls, seconds, cpu
+
+
+def _figure(ctx: Context, stage: str, method: str, kind: str, trial, note: str = "", **kw) -> Figure:
+    images, nbytes, seconds, cpu = _repeat(ctx, trial, **kw)
+    return Figure(stage, method, kind, images, nbytes, seconds, cpu, note)
+
+
+def _evict(ctx: Context) -> Callable[[], None]:
+    """Drops the store from the page cache; only pages no live mapping holds can go, so
+    every handle must be closed and its views released first."""
+
+    def prepare() -> None:
+        gc.collect()
+        _core.evict(ctx.path)
+
+    return prepare
+
+
+def resident_fraction(path: PathLike) -> float:
+    """Share of the file in the page cache now (mincore; reading the residency faults nothing)."""
+    with Store(path) as store:
+        resident, size = store.resident_bytes()
+    return resident / max(size, 1)
+
+
+def _cold_note(ctx: Context) -> str:
+    _evict(ctx)()
+    left = resident_fraction(ctx.path)
+    if left > 0.1:
+        return (
+            f"eviction left {100 * left:.0f}% of the file cached (tmpfs or a pinned mapping?): not truly cold"
+        )
+    return "page cache evicted before each run"
+
+
+# ---------------------------------------------------------------- limits
+
+
+def bench_memcpy(ctx: Context) -> List[Figure]:
+    """The ceiling for any loader that copies records: numpy copies between preallocated
+    buffers, on one thread and on every core (numpy releases the GIL for large copies)."""
+    n = ctx.plan.copy_bytes
+    src = np.full(n, 7, dtype=np.uint8)
+    dst = np.zeros(n, dtype=np.uint8)
+    images = n / ctx.image_nbytes
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
+    chunks = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+    def copy_one() -> Tuple[float, int]:
+        np.copyto(dst, src)
+        return images, n
+
+    with ThreadPoolExecutor(threads) as pool:
+
+        def copy_many() -> Tuple[float, int]:
+            list(pool.map(lambda ab: np.copyto(dst[ab[0] : ab[1]], src[ab[0] : ab[1]]), chunks))
+            return images, n
+
+        size = f"{n >> 20} MiB buffer"
+        return [
+            _figure(ctx, "memcpy", "memcpy, 1 thread", "limit", copy_one, size),
+            _figure(ctx, "memcpy", f"memcpy, {threads} threads", "limit", copy_many, size),
+        ]
+
+
+def bench_disk(ctx: Context) -> List[Figure]:
+    """Sequential read of the store's file (the sampled records), cold and from the page cache."""
+    length = 4096 + ctx.sample * ctx.stride
+    buf = memoryview(np.empty(8 << 20, dtype=np.uint8))
+
+    def read() -> Tuple[float, int]:
+        done = 0
+        with open(ctx.path, "rb", buffering=0) as f:
+            while done < length:
+                n = f.readinto(buf[: min(len(buf), length - done)])
+                if not n:
+                    break
+                done += n
+        return done / ctx.stride, done
+
+    cold = _figure(ctx, "disk", "sequential read, cold", "limit", read, prepare=_evict(ctx), warmup=False)
+    cold.note = _cold_note(ctx)
+    warm = _figure(ctx, "disk", "sequential read, warm", "limit", read, "from the page cache")
+    return [cold, warm]
+
+
+def bench_h2d(ctx: Context) -> List[Figure]:
+    """Host-to-device copies of one batch: pinned vs pageable memory, uint8 vs float32
+    (four times the bytes on the bus for the same images)."""
+    if not ctx.cuda:
+        raise Skip(
+            "CUDA is not available (torch.cuda.is_available() is False): no host-to-device link to measure"
+        )
+    import torch
+
+    shape = (ctx.batch_size, *ctx.shape)
+    figures = []
+    for dtype in (torch.uint8, torch.float32):
+        device = torch.empty(shape, dtype=dtype, device="cuda")
+        per_batch = device.numel() * device.element_size()
+        copies = max(1, ctx.plan.h2d_bytes // per_batch)
+        for pinned in (True, False):
+            host = torch.ones(shape, dtype=dtype, pin_memory=pinned)
+
+            def copy(host=host, device=device, copies=copies, per_batch=per_batch):
+                for _ in range(copies):
+                    device.copy_(host, non_blocking=True)
+                torch.cuda.synchronize()
+                return copies * ctx.batch_size, copies * per_batch
+
+            name = f"host-to-device, {'pinned' if pinned else 'pageable'} {str(dtype).split('.')[-1]}"
+            figures.append(_figure(ctx, "h2d", name, "limit", copy, f"batches of {ctx.batch_size}"))
+    return figures
+
+
+# ---------------------------------------------------------------- fastload
+
+
+def bench_gather(ctx: Context) -> List[Figure]:
+    """`Store.gather` of shuffled batches into a reused buffer: the copy fastload does per batch."""
+    batches = ctx.batches(ctx.order())
+    out = np.empty((ctx.batch_size, *ctx.shape), dtype=np.uint8)
+    labels = np.empty(ctx.batch_size, dtype=ctx.labels.dtype)
+
+    def epoch() -> Tuple[float, int]:
+        with Store(ctx.path) as store:
+            for idx in batches:
+                store.gather(idx, out=out[: len(idx)], labels_out=labels[: len(idx)])
+        return ctx.sample, ctx.sample_bytes
+
+    warm = _figure(ctx, "gather", "Store.gather, warm, random", "fastload", epoch, "from the page cache")
+    cold = _figure(
+        ctx, "gather", "Store.gather, cold, random", "fastload", epoch, prepare=_evict(ctx), warmup=False
+    )
+    cold.note = _cold_note(ctx)
+    return [warm, cold]
+
+
+def _dataset_module():
+    try:
+        from fastload import dataset
+    except ImportError as exc:
+        raise Skip(f"fastload.dataset is not available in this build ({exc})") from None
+    return dataset
+
+
+def bench_dataset(ctx: Context) -> List[Figure]:
+    """A `FastLoadDataset` epoch over the sampled records: warm and cold, random and block order."""
+    dataset = _dataset_module()
+    indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
+
+    def epoch_in(order: str):
+        def epoch() -> Tuple[float, int]:
+            images = 0
+            with Store(ctx.path) as store:
+                loader = dataset.FastLoadDataset(store, ctx.batch_size, order=order, indices=indices, seed=0)
+                for batch in loader:
+                    images += len(batch[0])
+                del loader, batch
+            return images, images * ctx.image_nbytes
+
+        return epoch
+
+    figures = []
+    for order in ("random", "block"):
+        figures.append(
+            _figure(
+                ctx,
+                "dataset",
+                f"FastLoadDataset, warm, {order}",
+                "fastload",
+                epoch_in(order),
+                "from the page cache",
+            )
+        )
+    for order in ("random", "block"):
+        cold = _figure(
+            ctx,
+            "dataset",
+            f"FastLoadDataset, cold, {order}",
+            "fastload",
+            epoch_in(order),
+            prepare=_evict(ctx),
+            warmup=False,
+        )
+        cold.note = _cold_note(ctx)
+        figures.append(cold)
+    return figures
+
+
+def bench_to_device(ctx: Context) -> List[Figure]:
+    """End to end: batches arriving on the GPU as normalized float32 tensors."""
+    if not ctx.cuda:
+        raise Skip("CUDA is not available (torch.cuda.is_available() is False): no GPU to deliver to")
+    dataset = _dataset_module()
+    import torch
+
+    indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
+    channels = ctx.shape[2]
+    mean, std = [0.5] * channels, [0.25] * channels
+
+    def epoch() -> Tuple[float, int]:
+        images = 0
+        with Store(ctx.path) as store:
+            loader = dataset.FastLoadDataset(store, ctx.batch_size, order="random", indices=indices)
+            for batch in loader:
+                dataset.to_device(batch[0], "cuda", dtype=torch.float32, mean=mean, std=std)
+                images += len(batch[0])
+            torch.cuda.synchronize()
+        return images, images * ctx.image_nbytes
+
+    return [
+        _figure(
+            ctx,
+            "to_device",
+            "FastLoadDataset + to_device, float32 on GPU",
+            "fastload",
+            epoch,
+            "warm, random order, normalized",
+        )
+    ]
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def _memmap_images(ctx: Context) -> np.ndarray:
+    """The store's image section as a plain np.memmap (N × stride bytes), the way a user
+    without fastload would map a raw array file."""
+    return np.memmap(ctx.path, dtype=np.uint8, mode="r", offset=4096, shape=(ctx.count, ctx.stride))
+
+
+def bench_memmap(ctx: Context) -> List[Figure]:
+    """np.memmap fancy indexing of shuffled batches (a new array per batch, as users write it)."""
+    batches = ctx.batches(ctx.order())
+
+    def epoch() -> Tuple[float, int]:
+        images = _memmap_images(ctx)
+        for idx in batches:
+            batch, labels = images[idx], ctx.labels[idx]
+        del images, batch, labels
+        return ctx.sample, ctx.sample_bytes
+
+    return [
+        _figure(
+            ctx, "memmap", "np.memmap fancy indexing, warm, random", "baseline", epoch, "from the page cache"
+        )
+    ]
+
+
+class MemmapRecords:
+    """The common map-style recipe: one record per `__getitem__` from an np.memmap opened
+    lazily in each DataLoader worker. Module-level so that workers can unpickle it."""
+
+    def __init__(self, path: str, count: int, stride: int, shape: Tuple[int, int, int], labels: np.ndarray):
+        self.path, self.count, self.stride, self.shape, self.labels = path, count, stride, shape, labels
+        self._images: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        if self._images is None:
+            self._images = np.memmap(
+                self.path, dtype=np.uint8, mode="r", offset=4096, shape=(self.count, self.stride)
+            )
+        nbytes = int(np.prod(self.shape))
+        return np.array(self._images[i, :nbytes]).reshape(self.shape), self.labels[i]
+
+
+class JpegFolder:
+    """An ImageFolder-style dataset: decode one JPEG with Pillow per item, to a uint8 tensor."""
+
+    def __init__(self, files: List[str], mode: str):
+        self.files, self.mode = files, mode
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        import torch
+        from PIL import Image
+
+        with Image.open(self.files[i]) as im:
+            pixels = np.asarray(im.convert(self.mode))
+        return torch.from_numpy(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).copy()), 0
+
+
+def _dataloader_epoch(ctx: Context, data) -> Callable[[], Tuple[float, int]]:
+    from torch.utils.data import DataLoader
+
+    def epoch() -> Tuple[float, int]:
+        loader = DataLoader(data, batch_size=ctx.batch_size, shuffle=True, num_workers=2, pin_memory=ctx.cuda)
+        images = 0
+        for batch in loader:
+            images += len(batch[0])
+        del loader  # workers exit and are reaped, so their CPU time is counted
+        return images, images * ctx.image_nbytes
+
+    return epoch
+
+
+def bench_dataloader(ctx: Context) -> List[Figure]:
+    """The np.memmap Dataset in a torch DataLoader (2 workers, default collate) recipe."""
+    count = min(ctx.sample, ctx.plan.loader_records)
+    data = MemmapRecords(ctx.path, ctx.count, ctx.stride, ctx.shape, ctx.labels[:count])
+    note = f"num_workers=2, default collate, {count:,} records per run" + (", pin_memory" if ctx.cuda else "")
+    return [
+        _figure(
+            ctx,
+            "dataloader",
+            "np.memmap Dataset + DataLoader, warm",
+            "baseline",
+            _dataloader_epoch(ctx, data),
+            note,
+        )
+    ]
+
+
+def _write_jpegs(ctx: Context, folder: Path) -> Tuple[List[str], str]:
+    from PIL import Image
+
+    channels = ctx.shape[2]
+    if channels == 4:
+        raise Skip("JPEG cannot hold 4-channel images")
+    mode = "L" if channels == 1 else "RGB"
+    count = min(ctx.sample, ctx.plan.jpeg_records)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    with Store(ctx.path) as store:
+        for i in np.linspace(0, ctx.sample - 1, count).astype(np.int64).tolist():
+            image, _ = store.gather([i])
+            path = folder / f"{i:08d}.jpg"
+            Image.fromarray(image[0].squeeze(axis=2) if channels == 1 else image[0], mode).save(
+                path, quality=90
+            )
+            files.append(str(path))
+    return files, mode
+
+
+def bench_jpeg(ctx: Context) -> List[Figure]:
+    """A folder of JPEGs decoded by Pillow in a DataLoader, as an ImageFolder pipeline does."""
+    try:
+        import PIL
+    except ImportError:
+        raise Skip(
+            f"Pillow is not installed: {INSTALL_EXTRA} (or pip install pillow / pillow-simd)"
+        ) from None
+    files, mode = _write_jpegs(ctx, Path(ctx.workdir) / "jpeg")
+    mean_kb = sum(os.path.getsize(f) for f in files) / len(files) / 1024
+    simd = " (Pillow-SIMD)" if ".post" in PIL.__version__ else ""
+    note = f"{len(files)} JPEGs of quality 90, {mean_kb:.0f} KiB each, Pillow {PIL.__version__}{simd}, num_workers=2"
+    figure = _figure(
+        ctx,
+        "jpeg",
+        "JPEG folder + Pillow + DataLoader",
+        "baseline",
+        _dataloader_epoch(ctx, JpegFolder(files, mode)),
+        note,
+    )
+    figure.extra["jpeg_bytes_mean"] = mean_kb * 1024
+    return [figure]
+
+
+def bench_litdata(ctx: Context) -> List[Figure]:
+    try:
+        import litdata  # noqa: F401
+    except ImportError:
+        raise Skip("LitData is not installed: pip install litdata") from None
+    raise Skip("LitData is installed, but fastload bench does not drive it yet")
+
+
+def bench_streaming(ctx: Context) -> List[Figure]:
+    try:
+        import streaming  # noqa: F401
+    except ImportError:
+        raise Skip("MosaicML streaming is not installed: pip install mosaicml-streaming") from None
+    raise Skip("MosaicML streaming is installed, but fastload bench does not drive it yet")
+
+
+BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
+    "memcpy": bench_memcpy,
+    "disk": bench_disk,
+    "h2d": bench_h2d,
+    "gather": bench_gather,
+    "dataset": bench_dataset,
+    "to_device": bench_to_device,
+    "memmap": bench_memmap,
+    "dataloader": bench_dataloader,
+    "jpeg": bench_jpeg,
+    "litdata": bench_litdata,
+    "streaming": bench_streaming,
+}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def describe_machine() -> dict:
+    """CPU, cores, RAM, GPU and library versions, recorded with every figure."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+
+    try:
+        import PIL
+
+        pillow = PIL.__version__
+    except ImportError:
+        pillow = None
+    cuda = torch.cuda.is_available()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "fastload_threads": _core.num_threads(),
+        "ram_bytes": machine_memory(),
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "platform": platform.platform(),
+        "versions": {
+            "python": platform.python_version(),
+            "fastload": fastload.__version__,
+            "numpy": np.__version__,
+            "torch": torch.__version__,
+            "pillow": pillow,
+        },
+    }
+
+
+def parse_stages(only: Optional[Iterable[str] | str]) -> List[str]:
+    """The stages to run, in the canonical order; `only` may be a comma-separated string."""
+    if only is None:
+        return list(STAGES)
+    names = [s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip()]
+    unknown = [s for s in names if s not in STAGES]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown stage(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(STAGES)}"
+        )
+    return [s for s in STAGES if s in names]
+
+
+def default_size_gb(workdir: str) -> float:
+    """A synthetic store that fits: at most 2 GB, an eighth of RAM and a quarter of free disk."""
+    free = shutil.disk_usage(workdir).free
+    return min(2.0, machine_memory() / 8 / 1e9, free / 4 / 1e9)
+
+
+def write_synthetic_store(path: PathLike, size_bytes: int, shape=SYNTHETIC_SHAPE, seed: int = 0) -> Path:
+    """A store of photo-like images (smooth blocks plus noise, so JPEG sizes are realistic),
+    with 10 classes, about `size_bytes` big."""
+    h, w, c = shape
+    count = max(1, size_bytes // (h * w * c))
+    rng = np.random.default_rng(seed)
+    with StoreWriter(path, shape, label_dtype="int64", meta={"synthetic": "fastload bench"}) as writer:
+        for start in range(0, count, 256):
+            n = min(256, count - start)
+            coarse = rng.integers(0, 224, (n, -(-h // 16), -(-w // 16), c), dtype=np.uint8)
+            images = coarse.repeat(16, axis=1).repeat(16, axis=2)[:, :h, :w]
+            images += rng.integers(0, 32, images.shape, dtype=np.uint8)
+            writer.extend(images, np.arange(start, start + n) % 10)
+    return Path(path)
+
+
+class Progress:
+    """Says which stage runs: a rich spinner on a terminal, plain lines on stderr otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._status = None
+        if enabled and sys.stderr.isatty():
+            try:
+                from rich.console import Console
+
+                self._status = Console(stderr=True).status("fastload bench")
+                self._status.start()
+            except ImportError:
+                pass
+
+    def __call__(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self._status is not None:
+            self._status.update(f"fastload bench: {message}")
+        else:
+            print(f"fastload bench: {message}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+
+
+def _reference(rows: List[dict], *methods: str) -> Optional[dict]:
+    for method in methods:
+        for row in rows:
+            if row["method"].startswith(method):
+                return row
+    return None
+
+
+FASTLOAD_REFERENCE = ("FastLoadDataset, warm, random", "Store.gather, warm, random")
+
+
+def _memcpy_limit(rows: List[dict]) -> Optional[dict]:
+    """The faster of the memcpy figures: the machine's copy bandwidth."""
+    return max((r for r in rows if r["stage"] == "memcpy"), key=lambda r: r["gb_per_s"], default=None)
+
+
+def _targets(rows: List[dict]) -> List[dict]:
+    """The project's speed targets, checked against this run's figures."""
+    ref = _reference(rows, *FASTLOAD_REFERENCE)
+    checks = [
+        ("fastload >= 85% of memcpy", 0.85, _memcpy_limit(rows)),
+        ("fastload >= 4x the np.memmap DataLoader recipe", 4.0, _reference(rows, "np.memmap Dataset")),
+        ("fastload >= 1.5x np.memmap fancy indexing", 1.5, _reference(rows, "np.memmap fancy")),
+    ]
+    targets = []
+    for name, goal, other in checks:
+        if ref is None or other is None:
+            continue
+        ratio = ref["gb_per_s"] / other["gb_per_s"]
+        targets.append(
+            {
+                "target": name,
+                "fastload": ref["method"],
+                "against": other["method"],
+                "ratio": ratio,
+                "met": ratio >= goal,
+            }
+        )
+    return targets
+
+
+def _rate(row: Optional[dict]) -> str:
+    return f"{row['images_per_s']:,.0f} img/s" if row else "?"
+
+
+def verdict(rows: List[dict], plan: dict, file_bytes: int) -> str:
+    """Names the narrowest stage of the path from storage to the training step."""
+    loader = _reference(rows, "FastLoadDataset + to_device", *FASTLOAD_REFERENCE)
+    memcpy = _memcpy_limit(rows)
+    disk = _reference(rows, "sequential read, cold")
+    f32 = _reference(rows, "host-to-device, pinned float32")
+    u8 = _reference(rows, "host-to-device, pinned uint8")
+    if loader is None:
+        return "no fastload stage ran: nothing to compare the limits with"
+    parts = [f"{loader['method']} delivers {_rate(loader)}"]
+    if memcpy:
+        parts[0] += (
+            f" ({100 * loader['gb_per_s'] / memcpy['gb_per_s']:.0f}% of the {_rate(memcpy)} memcpy limit)"
+        )
+    if f32 and u8:
+        link = f"your host-to-device link carries {_rate(f32)} as float32 and {_rate(u8)} as uint8"
+        if f32["images_per_s"] < loader["images_per_s"] <= u8["images_per_s"]:
+            parts.append(f"{link}: send uint8 and convert on the GPU (fastload.to_device)")
+        elif u8["images_per_s"] < loader["images_per_s"]:
+            parts.append(f"{link}: the link bounds the path even as uint8")
+        else:
+            parts.append(f"{link}: the loader, not the link, bounds the path")
+    if disk:
+        fits = file_bytes <= 0.8 * plan["ram_bytes"]
+        disk_text = f"the disk reads {_rate(disk)} cold"
+        if disk["images_per_s"] >= loader["images_per_s"]:
+            parts.append(f"{disk_text}, faster than the loader: the disk does not bound the path")
+        elif fits:
+            parts.append(
+                f"{disk_text}, slower than the loader, but the store fits in RAM: only the first epoch "
+                "is bound by the disk; after it the path is bound by "
+                + (
+                    "memory bandwidth"
+                    if memcpy and loader["gb_per_s"] >= 0.85 * memcpy["gb_per_s"]
+                    else "the loader"
+                )
+            )
+        else:
+            parts.append(f"{disk_text} and the store does not fit in RAM: the disk bounds every epoch")
+    elif not (f32 and u8) and memcpy:
+        parts.append(
+            "memory bandwidth bounds the path"
+            if loader["gb_per_s"] >= 0.85 * memcpy["gb_per_s"]
+            else "the loader, not memory bandwidth, bounds the path"
+        )
+    return "; ".join(parts) + "."
+
+
+def run(
+    store: Optional[PathLike] = None,
+    size_gb: Optional[float] = None,
+    quick: bool = False,
+    only: Optional[Iterable[str] | str] = None,
+    json_path: Optional[PathLike] = None,
+    plot_path: Optional[PathLike] = None,
+    images: Optional[int] = None,
+    size: Optional[int] = None,
+    repeats: int = 3,
+    batch_size: int = 64,
+    console: bool = True,
+) -> dict:
+    """Benchmarks the feeding path on `store` (or on a temporary synthetic store of
+    `size_gb`, removed afterwards) and returns every figure, the memory plan and a verdict.
+
+    Cold stages evict the store from the page cache. `images`/`size` plan memory for a
+    dataset of that many size×size×3 images instead of the store's.
+    """
+    stages = parse_stages(only)
+    if repeats < 3:
+        raise ValueError(f"repeats must be at least 3 (a median needs several runs), not {repeats}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, not {batch_size}")
+    if store is not None and size_gb is not None:
+        raise ValueError("give either a store or size_gb (the size of a temporary store), not both")
+    if size_gb is not None and size_gb <= 0:
+        raise ValueError(f"size_gb must be positive, not {size_gb}")
+    if (images is None) != (size is None):
+        raise ValueError("images and size go together: a memory plan for IMAGES images of SIZE×SIZE×3")
+    if images is not None and (images < 1 or size < 1):
+        raise ValueError(f"images and size must be positive, not {images} and {size}")
+    if plot_path is not None:
+        _require_matplotlib()
+    if store is not None:
+        store = _fspath(store, "store")
+        Store(store).close()  # a bad path fails here, before any stage runs
+
+    import torch
+
+    plan = Plan.for_run(quick)
+    progress = Progress(console)
+    workdir = tempfile.mkdtemp(prefix="fastload-bench-")
+    try:
+        if store is None:
+            gb = size_gb if size_gb is not None else (0.064 if quick else default_size_gb(workdir))
+            progress(f"writing a temporary {gb:.2f} GB store")
+            path = str(write_synthetic_store(Path(workdir) / "bench.fastload", int(gb * 1e9)))
+        else:
+            path = store
+        with Store(path) as s:
+            if len(s) == 0:
+                raise ValueError(f"{path}: the store has no records to benchmark")
+            sample = max(1, min(len(s), plan.sample_bytes // s.image_nbytes))
+            ctx = Context(
+                path=path,
+                count=len(s),
+                shape=s.shape,
+                stride=s._core.stride,
+                file_size=s.file_size,
+                sample=sample,
+                labels=np.array(s.labels[:sample]),
+                plan=plan,
+                repeats=repeats,
+                batch_size=batch_size,
+                workdir=workdir,
+                cuda=torch.cuda.is_available(),
+            )
+        results = _measure(ctx, stages, progress)
+    finally:
+        progress.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    memory = memory_plan(images, (size, size, 3)) if images is not None else memory_plan(ctx.count, ctx.shape)
+    results.update(
+        {
+            "machine": describe_machine(),
+            "config": {
+                "store": None if store is None else str(Path(store).resolve()),
+                "temporary_store": store is None,
+                "records": ctx.count,
+                "shape": list(ctx.shape),
+                "image_bytes": ctx.image_nbytes,
+                "records_measured": ctx.sample,
+                "file_bytes": ctx.file_size,
+                "repeats": repeats,
+                "batch_size": batch_size,
+                "quick": quick,
+                "stages": stages,
+            },
+            "memory_plan": memory,
+        }
+    )
+    results["verdict"] = verdict(results["rows"], memory, ctx.file_size)
+    results["targets"] = _targets(results["rows"])
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if plot_path is not None:
+        plot(results, plot_path)
+    if console:
+        print_report(results)
+    return results
+
+
+def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
+    figures: List[Figure] = []
+    skipped: Dict[str, str] = {}
+    took: Dict[str, float] = {}
+    for number, name in enumerate(stages, 1):
+        progress(f"[{number}/{len(stages)}] {name}")
+        t0 = time.perf_counter()
+        try:
+            figures.extend(BENCHES[name](ctx))
+        except Skip as exc:
+            skipped[name] = str(exc)
+        gc.collect()
+        took[name] = time.perf_counter() - t0
+    by_method = {f.method: f for f in figures}
+    memcpy = max((f for f in figures if f.stage == "memcpy"), key=lambda f: f.bytes_per_s, default=None)
+    ref = next((by_method[m] for m in FASTLOAD_REFERENCE if m in by_method), None)
+    rows = [
+        f.as_dict(memcpy.bytes_per_s if memcpy else None, ref.bytes_per_s if ref else None) for f in figures
+    ]
+    warnings = [
+        f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
+        "rerun on an idle machine (or with more --repeats) before trusting this figure"
+        for r in rows
+        if r["spread_pct"] > NOISY_SPREAD_PCT
+    ]
+    stage_status = {
+        name: (
+            {"status": "skipped", "reason": skipped[name]}
+            if name in skipped
+            else {"status": "ok", "methods": [r["method"] for r in rows if r["stage"] == name]}
+        )
+        | {"seconds": took[name]}
+        for name in stages
+    }
+    return {
+        "stages": stage_status,
+        "rows": rows,
+        "fastload_reference": ref.method if ref else None,
+        "memcpy_reference": memcpy.method if memcpy else None,
+        "warnings": warnings,
+    }
+
+
+# ---------------------------------------------------------------- output
+
+
+def _require_matplotlib():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(f"--plot needs matplotlib: {INSTALL_EXTRA}") from None
+    return plt
+
+
+KIND_COLOURS = {"limit": "#9e9e9e", "fastload": "#2e7d32", "baseline": "#ef6c00"}
+
+
+def plot(results: dict, path: PathLike) -> Path:
+    """A horizontal bar chart of GB/s per method, limits in grey, fastload in green."""
+    plt = _require_matplotlib()
+    rows = results["rows"]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
+    y = np.arange(len(rows))[::-1]
+    rates = [r["gb_per_s"] for r in rows]
+    ax.barh(y, rates, color=[KIND_COLOURS[r["kind"]] for r in rows])
+    errors = [[r["gb_per_s"] * r["spread_pct"] / 200 for r in rows]] * 2
+    ax.errorbar(rates, y, xerr=errors, fmt="none", ecolor="black", capsize=2, linewidth=0.8)
+    for yi, r in zip(y, rows):
+        ax.text(r["gb_per_s"], yi, f"  {r['images_per_s']:,.0f} img/s", va="center", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["method"] for r in rows], fontsize=8)
+    ax.set_xlabel("GB/s (median; error bar = spread of the runs)")
+    machine = results["machine"]
+    h, w, c = results["config"]["shape"]
+    ax.set_title(
+        f"fastload bench: {h}x{w}x{c} uint8, {machine['usable_cores']} cores, {machine['gpu'] or 'no GPU'}",
+        fontsize=10,
+    )
+    ax.set_xlim(0, max(rates, default=1) * 1.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOURS.values()]
+    ax.legend(handles, list(KIND_COLOURS), loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+COLUMNS = ("method", "img/s", "GB/s", "spread", "x memcpy", "x fastload", "CPU us/img")
+
+
+def table_rows(results: dict) -> List[Tuple[str, ...]]:
+    """The figures as text cells, one tuple per method, in COLUMNS order."""
+
+    def ratio(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return [
+        (
+            r["method"],
+            f"{r['images_per_s']:,.0f}",
+            f"{r['gb_per_s']:.2f}",
+            f"{r['spread_pct']:.0f}%",
+            ratio(r["vs_memcpy"]),
+            ratio(r["vs_fastload"]),
+            "-" if r["kind"] == "limit" else f"{r['cpu_us_per_image']:,.0f}",
+        )
+        for r in results["rows"]
+    ]
+
+
+def report_lines(results: dict) -> List[str]:
+    """Everything after the table: skipped stages, memory plan, targets, verdict, warnings."""
+    lines = [
+        f"skipped {name}: {s['reason']}" for name, s in results["stages"].items() if s["status"] == "skipped"
+    ]
+    m = results["memory_plan"]
+    h, w, c = m["shape"]
+    lines.append(
+        f"memory plan: {m['images']:,} images of {h}x{w}x{c} take {_gb(m['uint8_bytes'])} as uint8 and "
+        f"{_gb(m['float32_bytes'])} as float32; this machine's {_gb(m['ram_bytes'])} RAM holds "
+        f"{m['fit_in_ram_uint8']:,} as uint8, {m['fit_in_ram_float32']:,} as float32"
+    )
+    for t in results["targets"]:
+        lines.append(f"target {t['target']}: {t['ratio']:.2f}x, {'met' if t['met'] else 'MISSED'}")
+    lines.append(f"verdict: {results['verdict']}")
+    lines.extend(f"warning: {w}" for w in results["warnings"])
+    return lines
+
+
+def print_report(results: dict) -> None:
+    cells = table_rows(results)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(row[i]) for row in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+        for row in [COLUMNS, *cells]:
+            print(
+                "  ".join(
+                    cell.ljust(wd) if i == 0 else cell.rjust(wd)
+                    for i, (cell, wd) in enumerate(zip(row, widths))
+                )
+            )
+    else:
+        table = Table(title="fastload bench (medians)")
+        for i, name in enumerate(COLUMNS):
+            table.add_column(name, justify="left" if i == 0 else "right")
+        for row in cells:
+            table.add_row(*row)
+        Console(width=None if sys.stdout.isatty() else 160).print(table)
+    for line in report_lines(results):
+        print(line)

@@ -1,0 +1,180 @@
+"""`fastload bench` as a user runs it: every stage reported or skipped with a reason, the
+JSON and the chart, --only, the memory plan, a temporary store cleaned up, and clear errors.
+Speeds are never asserted here; benches/RESULTS.md records them."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from fastload import StoreWriter, bench
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "tiny.fastload"
+    images = np.random.default_rng(0).integers(0, 256, (400, 48, 48, 3), dtype=np.uint8)
+    with StoreWriter(path, (48, 48, 3), label_dtype="int64") as writer:
+        writer.extend(images, np.arange(400) % 10)
+    return path
+
+
+@pytest.fixture(scope="module")
+def quick_run(tiny_store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    results = bench.run(
+        tiny_store, quick=True, json_path=out / "bench.json", plot_path=out / "bench.png", console=False
+    )
+    return results, out
+
+
+def test_quick_run_reports_every_stage_in_the_json(quick_run, tiny_store):
+    results, out = quick_run
+    saved = json.loads((out / "bench.json").read_text())
+    assert list(saved["stages"]) == list(bench.STAGES)
+    for name, stage in saved["stages"].items():
+        if stage["status"] == "skipped":
+            assert stage["reason"], name
+        else:
+            assert stage["status"] == "ok"
+            rows = [r for r in saved["rows"] if r["stage"] == name]
+            assert [r["method"] for r in rows] == stage["methods"] != []
+    for row in saved["rows"]:
+        assert row["images_per_s"] > 0 and row["gb_per_s"] > 0, row["method"]
+        assert len(row["seconds"]) == 3 and min(row["seconds"]) > 0
+        assert row["spread_pct"] >= 0 and row["vs_memcpy"] > 0 and row["vs_fastload"] > 0
+    # The stages every machine can run did run.
+    for name in ("memcpy", "disk", "gather", "dataset", "memmap", "dataloader", "jpeg"):
+        assert saved["stages"][name]["status"] == "ok", saved["stages"][name]
+    if not torch.cuda.is_available():
+        for name in ("h2d", "to_device"):
+            assert saved["stages"][name]["status"] == "skipped"
+            assert "CUDA is not available" in saved["stages"][name]["reason"]
+    for name, module, package in (
+        ("litdata", "litdata", "litdata"),
+        ("streaming", "streaming", "mosaicml-streaming"),
+    ):
+        try:
+            __import__(module)
+        except ImportError:
+            assert f"pip install {package}" in saved["stages"][name]["reason"]
+    assert saved == json.loads(json.dumps(results))
+
+
+def test_json_describes_the_machine_and_the_store(quick_run, tiny_store):
+    results, _ = quick_run
+    machine = results["machine"]
+    assert machine["cores"] >= 1 and machine["ram_bytes"] > 0 and machine["cpu"]
+    assert machine["gpu"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    assert set(machine["versions"]) == {"python", "fastload", "numpy", "torch", "pillow"}
+    config = results["config"]
+    assert config["store"] == str(tiny_store.resolve()) and not config["temporary_store"]
+    assert config["records"] == config["records_measured"] == 400
+    assert config["shape"] == [48, 48, 3]
+    plan = results["memory_plan"]
+    assert plan["images"] == 400 and plan["uint8_bytes"] == 400 * (48 * 48 * 3 + 8)
+    assert results["fastload_reference"] == "FastLoadDataset, warm, random"
+    assert results["verdict"].startswith("FastLoadDataset, warm, random delivers")
+    assert {t["target"] for t in results["targets"]} == {
+        "fastload >= 85% of memcpy",
+        "fastload >= 4x the np.memmap DataLoader recipe",
+        "fastload >= 1.5x np.memmap fancy indexing",
+    }
+
+
+def test_noisy_figures_are_warned_about(quick_run):
+    results, _ = quick_run
+    noisy = {r["method"] for r in results["rows"] if r["spread_pct"] > bench.NOISY_SPREAD_PCT}
+    assert {w.split(": runs spread")[0] for w in results["warnings"]} == noisy
+
+
+def test_plot_is_a_png_chart(quick_run):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    _, out = quick_run
+    data = (out / "bench.png").read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+    with Image.open(out / "bench.png") as image:
+        assert image.width > 500 and image.height > 300
+
+
+def test_plot_without_matplotlib_says_how_to_install_before_running(tiny_store, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"pip install 'fastload\[bench\]'"):
+        bench.run(tiny_store, quick=True, plot_path=tmp_path / "x.png", console=False)
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_only_selects_stages_and_console_prints_table(tiny_store, capsys):
+    results = bench.run(tiny_store, quick=True, only="gather, memcpy", images=250_000, size=384)
+    assert list(results["stages"]) == ["memcpy", "gather"]  # canonical order
+    assert {r["stage"] for r in results["rows"]} == {"memcpy", "gather"}
+    assert results["fastload_reference"] == "Store.gather, warm, random"
+    plan = results["memory_plan"]
+    assert plan["images"] == 250_000 and plan["float32_bytes"] == 250_000 * (384 * 384 * 3 * 4 + 8)
+    printed = capsys.readouterr().out
+    assert "img/s" in printed and "Store.gather, warm, random" in printed
+    assert "250,000 images of 384x384x3" in printed and "verdict:" in printed
+
+
+def test_temporary_store_is_written_and_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    results = bench.run(size_gb=0.003, only="gather", console=False)
+    assert results["config"]["temporary_store"] and results["config"]["records"] == 19  # 3 MB / 224*224*3
+    assert results["stages"]["gather"]["status"] == "ok"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"only": "memcpy,bogus"}, "unknown stage"),
+        ({"repeats": 2}, "at least 3"),
+        ({"images": 10}, "go together"),
+        ({"size_gb": 1.0}, "not both"),
+    ],
+)
+def test_bad_arguments_are_refused(tiny_store, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bench.run(tiny_store, quick=True, console=False, **kwargs)
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "fastload", "bench", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_quick_run_writes_json(tiny_store, tmp_path):
+    proc = _cli(tiny_store, "--quick", "--only", "memcpy,gather,h2d", "--json", tmp_path / "b.json")
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert list(saved["stages"]) == ["memcpy", "h2d", "gather"]
+    assert all(r["images_per_s"] > 0 for r in saved["rows"])
+    assert "verdict:" in proc.stdout
+    assert "fastload bench: [1/3] memcpy" in proc.stderr  # progress lines when stderr is not a terminal
+
+
+def test_cli_bad_store_exits_1_naming_the_file(tmp_path):
+    missing = tmp_path / "missing.fastload"
+    proc = _cli(missing, "--quick")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("fastload bench: error:") and "missing.fastload" in proc.stderr
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not a store" * 1000)
+    proc = _cli(junk, "--quick")
+    assert proc.returncode == 1
+    assert "fastload bench: error:" in proc.stderr and "junk.bin" in proc.stderr
+    proc = _cli(junk, "--only", "nope")
+    assert proc.returncode == 1 and "unknown stage" in proc.stderr
