@@ -5,6 +5,7 @@
 pub mod error;
 pub mod format;
 pub mod gather;
+pub mod pack;
 pub mod pagecache;
 pub mod pool;
 pub mod store;

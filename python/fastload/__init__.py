@@ -5,6 +5,7 @@ loops with batches gathered by Rust threads at memory bandwidth.
 """
 
 from fastload._core import StoreError
+from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 
 __version__ = "0.1.0"
@@ -21,4 +22,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 
-__all__ = ["Store", "StoreWriter", "StoreError", "__version__", "FastLoadDataset", "to_device", "split_indices"]
+__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices"]

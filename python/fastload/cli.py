@@ -72,6 +72,43 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _fill(text: str) -> tuple:
+    """A grey level `N` or a colour `R,G,B`, each 0-255."""
+    values = tuple(int(v) for v in text.split(","))
+    if len(values) not in (1, 3) or not all(0 <= v <= 255 for v in values):
+        raise argparse.ArgumentTypeError(f"expected N or R,G,B with values 0-255, not {text!r}")
+    return values if len(values) == 3 else values * 3
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from fastload.pack import pack
+
+    report = pack(
+        args.src,
+        args.dest,
+        (args.height or args.size, args.width or args.size),
+        resize=args.resize,
+        fill=args.fill,
+        labels=args.labels,
+        label_dtype=args.label_dtype,
+        workers=args.workers,
+        strict=args.strict,
+        overwrite=args.overwrite,
+        skip_unlabelled=args.skip_unlabelled,
+        quiet=args.quiet,
+    )
+    if not args.quiet:
+        print(report)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastload", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
@@ -85,6 +122,38 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="recompute every record checksum; exit 1 if any record is damaged")
     p.add_argument("store")
     p.set_defaults(run=_cmd_verify)
+
+    p = sub.add_parser(
+        "pack",
+        help="pack a folder of images into a store (decoded and resized in parallel)",
+        description="Pack every image under SRC into a new store DEST, in sorted path order. Labels come "
+        "from --labels or from class subfolders (SRC/CLASS/...). Unreadable files are skipped and listed.",
+        epilog="exit status: 0 packed (skipped files are listed, not fatal); 1 failed (bad files with "
+        "--strict, unreadable SRC, no images, bad labels, DEST exists); 2 usage error. Nothing is written "
+        "at DEST unless the pack succeeds.",
+    )
+    p.add_argument("src", metavar="SRC", help="folder of images")
+    p.add_argument("dest", metavar="DEST", help="store file to create (outside SRC)")
+    p.add_argument("--size", type=_positive_int, default=256, help="side of the square records (default 256)")
+    p.add_argument("--height", type=_positive_int, help="record height (overrides --size)")
+    p.add_argument("--width", type=_positive_int, help="record width (overrides --size)")
+    p.add_argument(
+        "--resize",
+        choices=("squash", "crop", "pad"),
+        default="crop",
+        help="squash: stretch; crop: scale the short side, cut the centre (default); pad: letterbox with --fill",
+    )
+    p.add_argument("--fill", type=_fill, default=(0, 0, 0), metavar="N|R,G,B", help="pad colour (default 0)")
+    p.add_argument("--labels", metavar="FILE.csv", help="CSV of relative/path,label rows (header optional)")
+    p.add_argument(
+        "--label-dtype", choices=("float64", "int64"), help="default: int64 for classes and integer CSVs"
+    )
+    p.add_argument("--workers", type=_positive_int, help="decoding threads (default: all cores)")
+    p.add_argument("--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed")
+    p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
+    p.add_argument("--skip-unlabelled", action="store_true", help="leave out images without a label")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    p.set_defaults(run=_cmd_pack)
 
     p = sub.add_parser(
         "bench",

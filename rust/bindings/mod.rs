@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+mod pack;
 mod store;
 mod writer;
 
@@ -37,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", crate::format::VERSION)?;
     m.add("MAX_META_LEN", crate::format::MAX_META_LEN)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    pack::register(m)?;
     store::register(m)?;
     writer::register(m)?;
     Ok(())

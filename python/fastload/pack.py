@@ -1,0 +1,447 @@
+"""Packing a folder of images into a store: `fastload.pack(src, dest)` and `fastload pack SRC DEST`.
+
+Python lists the files, reads the labels and writes the store; Rust threads decode and
+resize each chunk of files straight into a reusable record buffer, without the GIL.
+Decoding choices (format sniffed from the bytes, EXIF orientation applied, alpha on
+white, Lanczos3 antialiased resampling like Pillow's `Image.LANCZOS`, a 100-megapixel /
+1 GiB limit against decompression bombs) are documented in `rust/pack.rs`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import posixpath
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from fastload import _core
+from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath
+
+RESIZE_MODES = ("squash", "crop", "pad")
+#: Extensions taken for images when a file has no label (other unlabelled files are not images).
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".dib", ".tif", ".tiff", ".gif"}
+)
+#: Records decoded per chunk and thread: bounds memory, keeps every thread busy.
+FILES_PER_THREAD = 8
+#: Problems listed in one error message before the rest are only counted.
+MAX_LISTED = 20
+
+
+class BadFilesError(ValueError):
+    """`strict` packing found files that cannot become records; `files` lists (file, reason)."""
+
+    def __init__(self, message: str, files: List[Tuple[str, str]]):
+        super().__init__(message)
+        self.files = files
+
+
+@dataclass
+class PackReport:
+    """What `pack` did: records written, files skipped with their reasons, and the speed."""
+
+    path: Path
+    records: int
+    shape: Tuple[int, int, int]
+    skipped: List[Tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    files_read: int = 0
+    source_bytes: int = 0
+    store_bytes: int = 0
+
+    @property
+    def files_per_second(self) -> float:
+        """Files read and decoded (packed or found bad) per second."""
+        return self.files_read / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_second(self) -> float:
+        """Megabytes of source files read per second."""
+        return self.source_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        h, w, c = self.shape
+        lines = [
+            f"packed {self.records:,} images ({h}x{w}x{c}) into {self.path} "
+            f"({self.store_bytes / 1e9:,.3f} GB) in {self.seconds:.1f} s: "
+            f"{self.files_per_second:,.0f} files/s, {self.mb_per_second:,.1f} MB/s read"
+        ]
+        if self.skipped:
+            reasons = [f"{name}: {reason}" for name, reason in self.skipped]
+            lines.append(f"skipped {len(self.skipped):,} file(s) (all listed in the store's meta['skipped']):")
+            lines.append(_listed(reasons, limit=50)[1:])
+        return "\n".join(lines)
+
+
+#: Reason recorded for images left out by `skip_unlabelled`: a choice, so not a bad file for `strict`.
+UNLABELLED_SKIPPED = "no label (skipped by request)"
+
+
+def _display(name: str) -> str:
+    """A file name that JSON and terminals accept (undecodable bytes become U+FFFD)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _listed(problems: Sequence[str], limit: Optional[int] = MAX_LISTED) -> str:
+    """One problem a line; past `limit` (None: no limit) the rest are only counted."""
+    limit = len(problems) if limit is None else limit
+    shown = "\n  ".join(problems[:limit])
+    more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+    return f"\n  {shown}{more}"
+
+
+def _walk(src: Path, exclude: Optional[str]) -> Tuple[List[str], List[Tuple[str, str]], List[str]]:
+    """Every regular file under `src` as a relative POSIX path (sorted), the entries that
+    cannot be images with the reason, and the top-level folders (candidate classes)."""
+    files: List[str] = []
+    skipped: List[Tuple[str, str]] = []
+    top_folders: List[str] = []
+    visited = {(src.stat().st_dev, src.stat().st_ino)}
+    pending = [(str(src), "")]
+    while pending:
+        folder, prefix = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            if not prefix:
+                raise
+            skipped.append((prefix[:-1], f"cannot list this folder: {exc.strerror}"))
+            continue
+        for entry in entries:
+            rel = prefix + entry.name
+            try:
+                is_dir = entry.is_dir()
+                is_file = not is_dir and entry.is_file()
+            except OSError as exc:
+                skipped.append((rel, f"not a regular file: {exc.strerror}"))
+                continue
+            if entry.name.startswith("."):
+                skipped.append((rel, f"hidden {'folder' if is_dir else 'file'}"))
+            elif is_dir:
+                st = entry.stat()
+                if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                    skipped.append((rel, "a folder, not an image file"))
+                elif (st.st_dev, st.st_ino) in visited:
+                    skipped.append((rel, "a folder already visited (symbolic link loop)"))
+                else:
+                    visited.add((st.st_dev, st.st_ino))
+                    pending.append((entry.path, rel + "/"))
+                    if not prefix:
+                        top_folders.append(entry.name)
+            elif is_file:
+                if rel != exclude:
+                    files.append(rel)
+            else:
+                broken = entry.is_symlink() and not os.path.exists(entry.path)
+                skipped.append((rel, "not a regular file" + (" (broken symbolic link)" if broken else "")))
+    return sorted(files), sorted(skipped), sorted(top_folders)
+
+
+def _parse_label(text: str, dtype: str) -> Union[int, float]:
+    """A label from its CSV text; ValueError says why it is not one."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty label")
+    if dtype == "int64":
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"label {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"label {text!r} is not a finite number")
+    if dtype == "int64":
+        if not value.is_integer():
+            raise ValueError(f"label {text!r} is not a whole number (label_dtype int64)")
+        return int(value)
+    return value
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text.strip())
+        return True
+    except ValueError:
+        return False
+
+
+def _read_label_csv(
+    csv_path: Path, src: Path, files: set, label_dtype: Optional[str]
+) -> Tuple[Dict[str, Union[int, float]], str]:
+    """Labels by relative path from a `path,label` CSV (header row optional, UTF-8 with or
+    without BOM, LF or CRLF), and the label dtype. Every bad row is reported with its line."""
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{csv_path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise ValueError(f"{csv_path}: not a CSV file: {exc}") from None
+    if rows and len(rows[0][1]) == 2:
+        try:
+            _parse_label(rows[0][1][1], "float64")
+        except ValueError:
+            rows = rows[1:]  # a header row
+    if label_dtype is None:
+        label_dtype = "int64" if all(len(r) == 2 and _is_int(r[1]) for _, r in rows) else "float64"
+    labels: Dict[str, Union[int, float]] = {}
+    first_line: Dict[str, int] = {}
+    problems = []
+    for line, row in rows:
+        if len(row) != 2:
+            problems.append(f"line {line}: expected 2 columns (path,label), found {len(row)}")
+            continue
+        name = row[0].strip()
+        if os.path.isabs(name):
+            name = os.path.relpath(name, src)
+        name = posixpath.normpath(name.replace(os.sep, "/"))
+        try:
+            value = _parse_label(row[1], label_dtype)
+        except ValueError as exc:
+            problems.append(f"line {line}: {name}: {exc}")
+            continue
+        if name in first_line:
+            problems.append(f"line {line}: {name} already has a label on line {first_line[name]}")
+        elif name not in files:
+            problems.append(f"line {line}: {name} does not exist in {src}")
+        else:
+            first_line[name] = line
+            labels[name] = value
+    if problems:
+        raise ValueError(f"{csv_path}: {len(problems)} bad row(s):{_listed(problems)}")
+    return labels, label_dtype
+
+
+def _check_paths(src: Path, dest: Path, labels: Optional[Path]) -> None:
+    """Refuses a missing source, and a store written inside the folder it packs."""
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: no such folder")
+    if not src.is_dir():
+        raise NotADirectoryError(f"{src}: not a folder (pack takes a folder of images)")
+    real_src = Path(os.path.realpath(src))
+    real_dest = Path(os.path.realpath(dest))
+    if real_dest == real_src or real_src in real_dest.parents:
+        raise ValueError(f"{dest}: the store would be written inside the source folder {src}; write it elsewhere")
+    if labels is not None and real_dest == Path(os.path.realpath(labels)):
+        raise ValueError(f"{dest}: the store would replace the labels file")
+
+
+def _as_size(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in pair):
+        raise ValueError(f"size must be an int or (height, width), not {size!r}")
+    if not all(0 < s < 2**16 for s in pair):
+        raise ValueError(f"size must be between 1 and 65535 pixels, not {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _as_fill(fill: Union[int, Sequence[int]]) -> Tuple[int, int, int]:
+    rgb = (fill,) * 3 if isinstance(fill, (int, np.integer)) else tuple(fill)
+    if len(rgb) != 3 or not all(isinstance(v, (int, np.integer)) and 0 <= v <= 255 for v in rgb):
+        raise ValueError(f"fill must be an int 0-255 or an (R, G, B) triple, not {fill!r}")
+    return int(rgb[0]), int(rgb[1]), int(rgb[2])
+
+
+class _ProgressBar:
+    """One self-rewriting line on stderr: files, files/s, MB/s, ETA."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total = total
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.shown_at = 0.0
+
+    def update(self, done: int, source_bytes: int, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (not force and now - self.shown_at < 0.1):
+            return
+        self.shown_at = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = done / elapsed
+        eta = (self.total - done) / rate if rate > 0 else 0.0
+        width = 30
+        filled = width * done // max(self.total, 1)
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,}/{self.total:,} files "
+            f"{rate:,.0f} files/s {source_bytes / 1e6 / elapsed:,.1f} MB/s "
+            f"ETA {int(eta) // 60}:{int(eta) % 60:02d} "
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def pack(
+    src: PathLike,
+    dest: PathLike,
+    size: Union[int, Sequence[int]] = 256,
+    *,
+    resize: str = "crop",
+    fill: Union[int, Sequence[int]] = 0,
+    labels: Optional[PathLike] = None,
+    label_dtype: Optional[str] = None,
+    workers: Optional[int] = None,
+    strict: bool = False,
+    overwrite: bool = False,
+    skip_unlabelled: bool = False,
+    quiet: bool = False,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> PackReport:
+    """Packs every image under the folder `src` into a new store at `dest`.
+
+    Images become `size` (an int for a square, or (height, width)) RGB uint8 records,
+    in sorted relative-path order, so packing the same folder twice gives identical
+    image and label sections. `resize`: "squash" stretches, "crop" scales the short side
+    and cuts the centre, "pad" scales the long side and fills the bars with `fill`.
+
+    Labels come from `labels`, a CSV of `relative/path,label` rows, or else from class
+    folders (`src/CLASS/...`: the label is the index of CLASS in sorted order, and the
+    names go to `meta["class_names"]`). `label_dtype` is "int64" or "float64" (default:
+    int64 for classes and all-integer CSVs). An image without a label is an error
+    unless `skip_unlabelled`.
+
+    Files that cannot be packed (not images, corrupt, truncated, hidden, ...) are
+    skipped and listed with their reason in the report and in `meta["skipped"]`;
+    with `strict`, any such file makes the pack fail (BadFilesError) naming them all.
+    `workers` sets the decoding threads (default: all cores). A progress bar goes to
+    stderr when it is a terminal and not `quiet`; `progress(done, total)` is called
+    after each chunk. Nothing appears at `dest` unless the whole pack succeeds, and an
+    existing `dest` is replaced only with `overwrite`.
+
+    The command `fastload pack` exits 0 on success (skipped files are listed, not
+    fatal), 1 on failure (bad files with --strict, unreadable source, no images, bad
+    labels, DEST exists) and 2 on usage errors.
+    """
+    started = time.perf_counter()
+    src = Path(_fspath(src, "src"))
+    dest = Path(_fspath(dest, "dest"))
+    csv_path = None if labels is None else Path(_fspath(labels, "labels"))
+    height, width = _as_size(size)
+    rgb_fill = _as_fill(fill)
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, not {resize!r}")
+    if label_dtype is not None and label_dtype not in LABEL_DTYPES:
+        raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be a positive int, not {workers!r}")
+    _check_paths(src, dest, csv_path)
+
+    exclude = None
+    if csv_path is not None and Path(os.path.realpath(csv_path)).is_relative_to(os.path.realpath(src)):
+        exclude = Path(os.path.relpath(os.path.realpath(csv_path), os.path.realpath(src))).as_posix()
+    files, skipped, top_folders = _walk(src, exclude)
+
+    class_names: Optional[List[str]] = None
+    if csv_path is not None:
+        listed = set(files).union(name for name, _ in skipped)
+        by_path, label_dtype = _read_label_csv(csv_path, src, listed, label_dtype)
+        where = f"{csv_path.name} has no row for them"
+    elif top_folders:
+        class_names = top_folders
+        index = {name: i for i, name in enumerate(class_names)}
+        by_path = {f: index[f.split("/", 1)[0]] for f in files if "/" in f}
+        label_dtype = label_dtype or "int64"
+        where = f"they lie directly in {src}, outside any class folder"
+    else:
+        raise ValueError(
+            f"{src}: no labels. Either pass a CSV of `relative/path,label` rows "
+            "(labels=... / --labels FILE.csv), or put the images in one subfolder per class "
+            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order)"
+        )
+
+    unlabelled = [f for f in files if f not in by_path and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+    if unlabelled and not skip_unlabelled:
+        raise ValueError(
+            f"{len(unlabelled)} image(s) have no label: {where}. Label them, or pass "
+            f"skip_unlabelled=True (--skip-unlabelled) to leave them out:{_listed(unlabelled)}"
+        )
+    skipped += [(f, UNLABELLED_SKIPPED) for f in unlabelled]
+    unlabelled_set = set(unlabelled)
+    skipped += [
+        (f, "not an image file (no label, no image extension)")
+        for f in files
+        if f not in by_path and f not in unlabelled_set
+    ]
+    todo = [f for f in files if f in by_path]
+    if not todo:
+        raise ValueError(f"{src}: no images to pack" + (_listed([f"{n}: {r}" for n, r in skipped]) if skipped else ""))
+
+    decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
+    chunk = FILES_PER_THREAD * decoder.num_threads
+    buffer = np.empty((chunk, height, width, 3), dtype=np.uint8)
+    meta = {
+        "pack": {
+            "size": [height, width],
+            "resize": resize,
+            "fill": list(rgb_fill),
+            "filter": "lanczos3",
+            "alpha_background": list(_core.PACK_ALPHA_BACKGROUND),
+            "labels": str(csv_path) if csv_path is not None else "class folders",
+            "label_dtype": label_dtype,
+            "source": str(src.resolve()),
+        },
+        **({"class_names": class_names} if class_names is not None else {}),
+    }
+    sources: List[str] = []
+    failed: List[Tuple[str, str]] = []
+    source_bytes = 0
+    bar = _ProgressBar(len(todo), enabled=not quiet and sys.stderr.isatty())
+    try:
+        with StoreWriter(dest, (height, width, 3), label_dtype, meta=meta, overwrite=overwrite) as writer:
+            for start in range(0, len(todo), chunk):
+                names = todo[start : start + chunk]
+                outcomes = decoder.decode_into([str(src / n) for n in names], buffer)
+                ok = [i for i, (_, reason) in enumerate(outcomes) if reason is None]
+                failed += [(names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None]
+                source_bytes += sum(read for read, _ in outcomes)
+                images = buffer[: len(names)] if len(ok) == len(names) else buffer[ok]
+                writer.extend(images, [by_path[names[i]] for i in ok])
+                sources += [_display(names[i]) for i in ok]
+                done = start + len(names)
+                bar.update(done, source_bytes, force=done == len(todo))
+                if progress is not None:
+                    progress(done, len(todo))
+            skipped = sorted(skipped + failed)
+            bad = [s for s in skipped if s[1] != UNLABELLED_SKIPPED]
+            if strict and bad:
+                raise BadFilesError(
+                    f"{len(bad)} file(s) in {src} cannot be packed (strict): nothing was written:"
+                    + _listed([f"{n}: {r}" for n, r in bad], limit=None),
+                    bad,
+                )
+            if not sources:
+                raise ValueError(
+                    f"{src}: none of the {len(todo)} image(s) could be packed:"
+                    + _listed([f"{n}: {r}" for n, r in failed])
+                )
+            writer.meta["sources"] = sources
+            writer.meta["skipped"] = [{"file": _display(n), "reason": r} for n, r in skipped]
+    finally:
+        bar.close()
+    return PackReport(
+        path=dest,
+        records=len(sources),
+        shape=(height, width, 3),
+        skipped=[(_display(n), r) for n, r in skipped],
+        seconds=time.perf_counter() - started,
+        files_read=len(todo),
+        source_bytes=source_bytes,
+        store_bytes=dest.stat().st_size,
+    )
+
+
+__all__ = ["pack", "PackReport", "BadFilesError", "RESIZE_MODES", "IMAGE_EXTENSIONS"]

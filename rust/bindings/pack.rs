@@ -1,0 +1,82 @@
+//! Binding of the pack `Decoder`: decode and resize a chunk of files into a record buffer.
+
+use std::path::PathBuf;
+
+use numpy::PyReadwriteArrayDyn;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::to_py;
+use crate::pack::{
+    Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND, MAX_DECODE_ALLOC, MAX_PIXELS,
+};
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CoreDecoder>()?;
+    m.add("PACK_MAX_PIXELS", MAX_PIXELS)?;
+    m.add("PACK_MAX_DECODE_ALLOC", MAX_DECODE_ALLOC)?;
+    m.add("PACK_ALPHA_BACKGROUND", ALPHA_BACKGROUND)?;
+    Ok(())
+}
+
+/// The Rust side of `fastload.pack`.
+#[pyclass(frozen, name = "PackDecoder", module = "fastload._core")]
+pub struct CoreDecoder {
+    inner: Decoder,
+}
+
+#[pymethods]
+impl CoreDecoder {
+    #[new]
+    #[pyo3(signature = (height, width, mode, fill, workers=None))]
+    fn new(
+        height: u32,
+        width: u32,
+        mode: &str,
+        fill: [u8; 3],
+        workers: Option<usize>,
+    ) -> PyResult<Self> {
+        let mode = ResizeMode::from_name(mode).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "resize must be 'squash', 'crop' or 'pad', not {mode:?}"
+            ))
+        })?;
+        let spec = ResizeSpec {
+            height,
+            width,
+            mode,
+            fill,
+        };
+        Ok(CoreDecoder {
+            inner: Decoder::new(spec, workers).map_err(to_py)?,
+        })
+    }
+
+    #[getter]
+    fn num_threads(&self) -> usize {
+        self.inner.num_threads()
+    }
+
+    /// Decodes `paths[i]` into record `i` of `out` (uint8, C-contiguous), GIL released.
+    /// Returns one (bytes read, None) or (0, reason) per path.
+    fn decode_into(
+        &self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        mut out: PyReadwriteArrayDyn<'_, u8>,
+    ) -> PyResult<Vec<(u64, Option<String>)>> {
+        let out = out
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+        let outcomes = py
+            .detach(|| self.inner.decode_into(&paths, out))
+            .map_err(to_py)?;
+        Ok(outcomes
+            .into_iter()
+            .map(|o| match o {
+                Ok(bytes) => (bytes, None),
+                Err(reason) => (0, Some(reason)),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,490 @@
+//! Decoding and resizing for `fastload pack`: each file becomes one RGB uint8 record.
+//!
+//! A chunk of files is decoded in parallel on the process's rayon pool (or a dedicated
+//! pool of the size the user asked for), and each image is resized straight into its
+//! record slot of the caller's chunk buffer. A file that cannot become a record (not an
+//! image, truncated, corrupt, too large, or one that makes a decoder panic) yields the
+//! reason instead; it never aborts the chunk or the process.
+//!
+//! Choices a user can rely on:
+//! - the format is recognised from the file's bytes, not its name;
+//! - the EXIF orientation is applied before resizing;
+//! - transparent pixels are composited on white ([`ALPHA_BACKGROUND`]);
+//! - 16-bit images are scaled to 8 bits, grayscale and palette images expanded to RGB;
+//! - the resampling filter is Lanczos3 with a support widened by the downscale factor
+//!   (antialiased; the same as Pillow's `Image.LANCZOS`);
+//! - images over [`MAX_PIXELS`] pixels, or whose decoding would allocate more than
+//!   [`MAX_DECODE_ALLOC`] bytes, are refused (decompression bombs).
+
+use std::fs::File;
+use std::io::{Cursor, Read};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use fast_image_resize::images::{CroppedImageMut, Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use image::error::ImageError;
+use image::metadata::Orientation;
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits, RgbImage, RgbaImage};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::pool;
+
+/// Largest image accepted, in pixels (width × height): 100 megapixels.
+pub const MAX_PIXELS: u64 = 100_000_000;
+/// Most memory one decode may allocate: 1 GiB.
+pub const MAX_DECODE_ALLOC: u64 = 1 << 30;
+/// Colour that transparent pixels are composited on.
+pub const ALPHA_BACKGROUND: [u8; 3] = [255, 255, 255];
+
+/// How an image of another aspect ratio is fitted to the record's height × width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResizeMode {
+    /// Stretch to the record size (the aspect ratio changes).
+    Squash,
+    /// Scale the short side to fit, then cut the centre (the borders are lost).
+    Crop,
+    /// Scale the long side to fit, centre it, and fill the bars with `fill`.
+    Pad,
+}
+
+impl ResizeMode {
+    pub fn from_name(name: &str) -> Option<ResizeMode> {
+        match name {
+            "squash" => Some(ResizeMode::Squash),
+            "crop" => Some(ResizeMode::Crop),
+            "pad" => Some(ResizeMode::Pad),
+            _ => None,
+        }
+    }
+}
+
+/// The record every image is turned into.
+#[derive(Clone, Copy, Debug)]
+pub struct ResizeSpec {
+    pub height: u32,
+    pub width: u32,
+    pub mode: ResizeMode,
+    /// RGB of the bars in `Pad` mode.
+    pub fill: [u8; 3],
+}
+
+impl ResizeSpec {
+    /// Bytes of one record: height × width × 3.
+    pub fn image_len(&self) -> usize {
+        self.height as usize * self.width as usize * 3
+    }
+}
+
+/// Source bytes read, or why the file did not become a record.
+pub type Outcome = std::result::Result<u64, String>;
+
+/// Decodes and resizes files into record slots, in parallel.
+pub struct Decoder {
+    spec: ResizeSpec,
+    /// A pool of the size the user asked for; `None` uses the process's shared pool.
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Decoder {
+    /// `workers`: threads of a dedicated pool, or `None` for the process's pool.
+    pub fn new(spec: ResizeSpec, workers: Option<usize>) -> Result<Decoder> {
+        if spec.height == 0 || spec.width == 0 {
+            return Err(Error::Value(format!(
+                "image size must be positive, not {}x{}",
+                spec.height, spec.width
+            )));
+        }
+        let pool = match workers {
+            None => None,
+            Some(0) => return Err(Error::Value("workers must be at least 1".into())),
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("fastload-pack-{i}"))
+                    .build()
+                    .map_err(|e| Error::Value(format!("cannot start {n} worker threads: {e}")))?,
+            ),
+        };
+        Ok(Decoder { spec, pool })
+    }
+
+    pub fn spec(&self) -> &ResizeSpec {
+        &self.spec
+    }
+
+    /// Threads that decode.
+    pub fn num_threads(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or_else(pool::num_threads, |p| p.current_num_threads())
+    }
+
+    /// Decodes `paths[i]` into record slot `i` of `out` (at least `paths.len()` records long).
+    /// A slot whose file failed holds unspecified bytes.
+    pub fn decode_into(&self, paths: &[PathBuf], out: &mut [u8]) -> Result<Vec<Outcome>> {
+        let image_len = self.spec.image_len();
+        let needed = paths.len() * image_len;
+        if out.len() < needed {
+            return Err(Error::Value(format!(
+                "output buffer holds {} bytes, {} records of {image_len} bytes need {needed}",
+                out.len(),
+                paths.len()
+            )));
+        }
+        let spec = self.spec;
+        let work = || {
+            out[..needed]
+                .par_chunks_mut(image_len)
+                .zip(paths.par_iter())
+                .map_init(Resizer::new, |resizer, (slot, path)| {
+                    guarded(|| load_into(path, &spec, slot, resizer))
+                })
+                .collect()
+        };
+        Ok(match &self.pool {
+            Some(p) => p.install(work),
+            None => pool::install(work),
+        })
+    }
+}
+
+/// Runs `f`, turning a panic (a decoder bug on hostile input) into a failed outcome.
+fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(format!("the decoder crashed on this file: {message}"))
+    })
+}
+
+/// Reads, decodes and resizes one file into `slot`; returns the bytes read.
+fn load_into(path: &Path, spec: &ResizeSpec, slot: &mut [u8], resizer: &mut Resizer) -> Outcome {
+    let bytes = read_image_file(path)?;
+    let rgb = decode_rgb(&bytes)?;
+    resize_into(&rgb, spec, slot, resizer)?;
+    Ok(bytes.len() as u64)
+}
+
+/// The file's bytes, after checking from its first bytes that it is an image at all
+/// (so a large non-image file is not read whole).
+fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    let cannot_read = |e: std::io::Error| format!("cannot read: {e}");
+    let mut file = File::open(path).map_err(cannot_read)?;
+    let len = file.metadata().map_err(cannot_read)?.len();
+    if len == 0 {
+        return Err("empty file".into());
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    (&mut file)
+        .take(16)
+        .read_to_end(&mut bytes)
+        .map_err(cannot_read)?;
+    if image::guess_format(&bytes).is_err() {
+        return Err("not an image (unrecognised file format)".into());
+    }
+    file.read_to_end(&mut bytes).map_err(cannot_read)?;
+    Ok(bytes)
+}
+
+/// Decodes an encoded image to RGB with its EXIF orientation applied.
+pub fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let format = reader.format();
+    if format == Some(ImageFormat::Jpeg) && jpeg_is_truncated(bytes) {
+        // The JPEG decoder fills a missing tail with grey instead of failing.
+        return Err("truncated JPEG: the file ends inside the image data".into());
+    }
+    let mut reader = reader;
+    let mut limits = Limits::default();
+    limits.max_alloc = Some(MAX_DECODE_ALLOC);
+    reader.limits(limits);
+    let mut decoder = reader.into_decoder().map_err(describe)?;
+    let (width, height) = decoder.dimensions();
+    if u64::from(width) * u64::from(height) > MAX_PIXELS {
+        return Err(format!(
+            "refused: a {width}x{height} image exceeds the limit of {} megapixels (decompression bomb?)",
+            MAX_PIXELS / 1_000_000
+        ));
+    }
+    if width == 0 || height == 0 {
+        return Err(format!("the image has no pixels ({width}x{height})"));
+    }
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    let mut image = DynamicImage::from_decoder(decoder).map_err(describe)?;
+    image.apply_orientation(orientation);
+    Ok(if image.color().has_alpha() {
+        composite(image.into_rgba8(), ALPHA_BACKGROUND)
+    } else {
+        image.into_rgb8()
+    })
+}
+
+/// True when the last scan of a JPEG has no end-of-image marker after it. Inside scan
+/// data 0xFF is always followed by 0x00 or a restart marker, so 0xFFDA (start of scan)
+/// and 0xFFD9 (end of image) occur only as markers; an embedded EXIF thumbnail's own
+/// markers come before the main image's scans and do not hide a cut tail.
+fn jpeg_is_truncated(bytes: &[u8]) -> bool {
+    let last = |marker: u8| bytes.windows(2).rposition(|w| w == [0xFF, marker]);
+    match (last(0xDA), last(0xD9)) {
+        (Some(scan), Some(end)) => end < scan,
+        (Some(_), None) => true,
+        (None, _) => false, // no scan at all: the decoder reports that
+    }
+}
+
+fn describe(err: ImageError) -> String {
+    let reason = match err {
+        ImageError::Limits(e) => format!(
+            "refused: decoding needs more memory than the {} MiB limit (decompression bomb?): {e}",
+            MAX_DECODE_ALLOC >> 20
+        ),
+        ImageError::Unsupported(e) => format!("unsupported image: {e}"),
+        ImageError::IoError(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            format!("truncated image: {e}")
+        }
+        e => format!("corrupt or truncated image: {e}"),
+    };
+    reason.trim_end().to_string()
+}
+
+/// Composites RGBA on an opaque background colour.
+fn composite(rgba: RgbaImage, background: [u8; 3]) -> RgbImage {
+    let (width, height) = rgba.dimensions();
+    let mut rgb = Vec::with_capacity(width as usize * height as usize * 3);
+    for px in rgba.as_raw().chunks_exact(4) {
+        let alpha = u32::from(px[3]);
+        for (&c, &bg) in px[..3].iter().zip(&background) {
+            rgb.push(((u32::from(c) * alpha + u32::from(bg) * (255 - alpha) + 127) / 255) as u8);
+        }
+    }
+    RgbImage::from_raw(width, height, rgb).expect("three bytes per pixel")
+}
+
+/// Size and position of a `src_w` × `src_h` image scaled to fit inside `width` × `height`
+/// with its aspect ratio kept: (x, y, w, h). Rounds like Pillow's `ImageOps.pad`.
+pub fn pad_geometry(src_w: u32, src_h: u32, width: u32, height: u32) -> (u32, u32, u32, u32) {
+    let image_ratio = f64::from(src_w) / f64::from(src_h);
+    let dest_ratio = f64::from(width) / f64::from(height);
+    let scaled = |x: f64| (x.round_ties_even() as u32).max(1);
+    let (w, h) = if image_ratio > dest_ratio {
+        (
+            width,
+            scaled(f64::from(src_h) / f64::from(src_w) * f64::from(width)).min(height),
+        )
+    } else if image_ratio < dest_ratio {
+        (
+            scaled(f64::from(src_w) / f64::from(src_h) * f64::from(height)).min(width),
+            height,
+        )
+    } else {
+        (width, height)
+    };
+    let offset = |free: u32| (f64::from(free) * 0.5).round_ties_even() as u32;
+    (offset(width - w), offset(height - h), w, h)
+}
+
+/// Resizes `src` into the record `slot` (height × width × 3 bytes) as `spec` says.
+fn resize_into(
+    src: &RgbImage,
+    spec: &ResizeSpec,
+    slot: &mut [u8],
+    resizer: &mut Resizer,
+) -> std::result::Result<(), String> {
+    let failed = |e: &dyn std::fmt::Display| format!("cannot resize: {e}");
+    let (src_w, src_h) = src.dimensions();
+    let src = ImageRef::new(src_w, src_h, src.as_raw(), PixelType::U8x3).map_err(|e| failed(&e))?;
+    let lanczos = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Lanczos3));
+    let mut dst = Image::from_slice_u8(spec.width, spec.height, slot, PixelType::U8x3)
+        .map_err(|e| failed(&e))?;
+    match spec.mode {
+        ResizeMode::Squash => resizer.resize(&src, &mut dst, &lanczos),
+        ResizeMode::Crop => resizer.resize(
+            &src,
+            &mut dst,
+            &lanczos.fit_into_destination(Some((0.5, 0.5))),
+        ),
+        ResizeMode::Pad => {
+            let (x, y, w, h) = pad_geometry(src_w, src_h, spec.width, spec.height);
+            if (w, h) != (spec.width, spec.height) {
+                for px in dst.buffer_mut().chunks_exact_mut(3) {
+                    px.copy_from_slice(&spec.fill);
+                }
+            }
+            let mut inner = CroppedImageMut::new(&mut dst, x, y, w, h).map_err(|e| failed(&e))?;
+            resizer.resize(&src, &mut inner, &lanczos)
+        }
+    }
+    .map_err(|e| failed(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{ImageEncoder, Rgb, Rgba};
+
+    fn encode(image: &DynamicImage, format: ImageFormat) -> Vec<u8> {
+        let mut out = Cursor::new(Vec::new());
+        image.write_to(&mut out, format).unwrap();
+        out.into_inner()
+    }
+
+    fn spec(height: u32, width: u32, mode: ResizeMode) -> ResizeSpec {
+        ResizeSpec {
+            height,
+            width,
+            mode,
+            fill: [10, 20, 30],
+        }
+    }
+
+    fn write_files(dir: &Path, files: &[(&str, Vec<u8>)]) -> Vec<PathBuf> {
+        files
+            .iter()
+            .map(|(name, bytes)| {
+                let path = dir.join(name);
+                std::fs::write(&path, bytes).unwrap();
+                path
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decodes_good_files_and_reports_bad_ones_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let red = DynamicImage::ImageRgb8(RgbImage::from_pixel(8, 6, Rgb([200, 0, 0])));
+        let png = encode(&red, ImageFormat::Png);
+        let paths = write_files(
+            dir.path(),
+            &[
+                ("a.png", png.clone()),
+                ("empty.png", vec![]),
+                ("notes.txt", b"hello, not an image".to_vec()),
+                ("cut.png", png[..png.len() / 2].to_vec()),
+            ],
+        );
+        let decoder = Decoder::new(spec(4, 4, ResizeMode::Squash), Some(2)).unwrap();
+        let mut out = vec![0u8; 4 * 48];
+        let outcomes = decoder.decode_into(&paths, &mut out).unwrap();
+        assert_eq!(outcomes[0], Ok(png.len() as u64));
+        assert!(out[..48].chunks(3).all(|px| px == [200, 0, 0]));
+        assert_eq!(outcomes[1], Err("empty file".into()));
+        assert!(outcomes[2].as_ref().unwrap_err().contains("not an image"));
+        assert!(outcomes[3].as_ref().unwrap_err().contains("truncated"));
+    }
+
+    #[test]
+    fn transparent_pixels_become_white() {
+        let mut rgba = RgbaImage::from_pixel(2, 1, Rgba([0, 0, 255, 255]));
+        rgba.put_pixel(1, 0, Rgba([0, 0, 255, 0]));
+        let png = encode(&DynamicImage::ImageRgba8(rgba), ImageFormat::Png);
+        let rgb = decode_rgb(&png).unwrap();
+        assert_eq!(rgb.get_pixel(0, 0), &Rgb([0, 0, 255]));
+        assert_eq!(rgb.get_pixel(1, 0), &Rgb([255, 255, 255]));
+    }
+
+    #[test]
+    fn truncated_jpeg_is_refused() {
+        let gradient = RgbImage::from_fn(64, 64, |x, y| Rgb([x as u8 * 4, y as u8 * 4, 0]));
+        let jpeg = encode(&DynamicImage::ImageRgb8(gradient), ImageFormat::Jpeg);
+        assert!(decode_rgb(&jpeg).is_ok());
+        let err = decode_rgb(&jpeg[..jpeg.len() * 2 / 3]).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn decompression_bomb_is_refused() {
+        // A PNG header declaring 20000 x 20000 pixels (400 megapixels) and no data.
+        let mut png = Vec::new();
+        image::codecs::png::PngEncoder::new(&mut png)
+            .write_image(&[0u8; 4], 2, 2, image::ExtendedColorType::L8)
+            .unwrap();
+        png[16..20].copy_from_slice(&20000u32.to_be_bytes());
+        png[20..24].copy_from_slice(&20000u32.to_be_bytes());
+        let crc = crc32(&png[12..29]);
+        png[29..33].copy_from_slice(&crc.to_be_bytes());
+        let err = decode_rgb(&png).unwrap_err();
+        assert!(err.contains("refused"), "{err}");
+    }
+
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn a_panic_becomes_a_failed_outcome() {
+        let outcome = guarded(|| panic!("hostile input"));
+        assert_eq!(
+            outcome,
+            Err("the decoder crashed on this file: hostile input".into())
+        );
+    }
+
+    #[test]
+    fn pad_keeps_the_aspect_ratio_and_fills_bars() {
+        assert_eq!(pad_geometry(100, 50, 32, 32), (0, 8, 32, 16));
+        assert_eq!(pad_geometry(50, 100, 32, 32), (8, 0, 16, 32));
+        assert_eq!(pad_geometry(64, 64, 32, 32), (0, 0, 32, 32));
+        let wide = DynamicImage::ImageRgb8(RgbImage::from_pixel(100, 50, Rgb([0, 255, 0])));
+        let mut slot = vec![0u8; 32 * 32 * 3];
+        resize_into(
+            &wide.to_rgb8(),
+            &spec(32, 32, ResizeMode::Pad),
+            &mut slot,
+            &mut Resizer::new(),
+        )
+        .unwrap();
+        let row = |y: usize| &slot[y * 96..(y + 1) * 96];
+        assert!(row(0).chunks(3).all(|px| px == [10, 20, 30]));
+        assert!(row(16).chunks(3).all(|px| px == [0, 255, 0]));
+        assert!(row(31).chunks(3).all(|px| px == [10, 20, 30]));
+    }
+
+    #[test]
+    fn crop_keeps_the_centre() {
+        // Left and right thirds red, centre third blue: cropping to a square keeps blue.
+        let image = RgbImage::from_fn(90, 30, |x, _| {
+            if (30..60).contains(&x) {
+                Rgb([0, 0, 255])
+            } else {
+                Rgb([255, 0, 0])
+            }
+        });
+        let mut slot = vec![0u8; 10 * 10 * 3];
+        resize_into(
+            &image,
+            &spec(10, 10, ResizeMode::Crop),
+            &mut slot,
+            &mut Resizer::new(),
+        )
+        .unwrap();
+        assert!(slot.chunks(3).all(|px| px[2] > 200 && px[0] < 50));
+    }
+
+    #[test]
+    fn rejects_a_short_buffer_and_zero_workers() {
+        let decoder = Decoder::new(spec(2, 2, ResizeMode::Squash), None).unwrap();
+        assert!(decoder
+            .decode_into(&[PathBuf::from("x")], &mut [0u8; 11])
+            .is_err());
+        assert!(Decoder::new(spec(2, 2, ResizeMode::Squash), Some(0)).is_err());
+        assert!(Decoder::new(spec(0, 2, ResizeMode::Squash), None).is_err());
+    }
+}
