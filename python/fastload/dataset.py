@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import resource
 import threading
 from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
@@ -194,17 +195,32 @@ def _put(out: queue.Queue, item: Any, stop: threading.Event) -> None:
             pass
 
 
+def _major_faults() -> int:
+    """Page faults of this process that had to wait for the disk."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
 def _prefetch(
     store: Store, batches: Sequence[np.ndarray], pool: _BufferPool, out: queue.Queue, stop: threading.Event
 ) -> None:
-    """Background thread: gathers batches in order (Rust threads, GIL released) and asks the
-    kernel to read the following batch's pages meanwhile."""
+    """Background thread: gathers batches in order (Rust threads, GIL released) and, while the
+    store is being read from disk, asks the kernel to read the following batch meanwhile.
+
+    The hint costs page-cache lookups (~1 ms per batch of 28 MB) even when every page is
+    cached, so it is given only for the first two batches and, from the first major page
+    fault of the epoch on, for every following batch."""
     try:
+        majors = _major_faults()
+        readahead = False
         for j, idx in enumerate(batches):
             if stop.is_set():
                 return
-            if j + 1 < len(batches):
-                store.will_need(batches[j + 1])
+            if j == 0:
+                store.will_need(np.concatenate(batches[:2]))
+            else:
+                readahead = readahead or _major_faults() != majors
+                if readahead and j + 1 < len(batches):
+                    store.will_need(batches[j + 1])
             buf = pool.take()
             n = len(idx)
             store.gather(idx, out=buf.images[:n], labels_out=buf.labels[:n])

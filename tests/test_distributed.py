@@ -1,0 +1,69 @@
+"""FastLoadDataset under torchrun: 2 ranks (gloo, CPU) over a store whose size divides by
+neither the batch size nor the world size."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastload import StoreWriter
+
+N, WORLD, BATCH = 101, 2, 8
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    store = tmp / "s.bin"
+    images = np.random.default_rng(0).integers(0, 256, (N, 4, 3, 3), dtype=np.uint8)
+    with StoreWriter(store, (4, 3, 3), label_dtype="int64") as w:
+        w.extend(images, np.arange(N))
+    worker = Path(__file__).with_name("ddp_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FASTLOAD_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*cmd, str(worker), str(store), str(tmp / "rank")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((tmp / f"rank.{r}.json").read_text()) for r in range(WORLD)]
+
+
+def test_ranks_come_from_the_process_group(reports):
+    assert [(r["rank"], r["world_size"]) for r in reports] == [(0, WORLD), (1, WORLD)]
+
+
+@pytest.mark.parametrize("mode", ["drop_last=False", "workers=2"])
+def test_ranks_cover_the_epoch_once_apart_from_padding(reports, mode):
+    per_rank = [sum(r[f"batches {mode}"], []) for r in reports]
+    assert len(per_rank[0]) == len(per_rank[1]) == -(-N // WORLD)
+    seen = sum(per_rank, [])
+    assert set(seen) == set(range(N))
+    assert len(seen) - len(set(seen)) == -(-N // WORLD) * WORLD - N  # the documented wrap-around padding
+
+
+def test_workers_split_a_rank_without_changing_it(reports):
+    for r in reports:
+        assert r["batches workers=2"] == r["batches drop_last=False"]
+
+
+def test_drop_last_keeps_equal_full_batches(reports):
+    batches = [r["batches drop_last=True"] for r in reports]
+    assert len(batches[0]) == len(batches[1]) == reports[0]["len drop_last=True"] == N // (BATCH * WORLD)
+    assert all(len(b) == BATCH for b in batches[0] + batches[1])
+    seen = sum(batches[0] + batches[1], [])
+    assert len(seen) == len(set(seen))
+
+
+def test_equal_batch_counts_and_ddp_training_completes(reports):
+    assert len({r["len drop_last=False"] for r in reports}) == 1
+    assert len({len(r["batches drop_last=False"]) for r in reports}) == 1
+    assert reports[0]["steps"] == reports[1]["steps"] == 2 * reports[0]["len drop_last=False"]
+    assert reports[0]["weights"] == reports[1]["weights"]  # gradients were all-reduced every step
