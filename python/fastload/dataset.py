@@ -102,7 +102,10 @@ class RankPlan:
 
 
 def _use_count(tensor: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+    """Tensors (views included, NumPy views of them too) sharing `tensor`'s memory, plus one;
+    0 where this torch cannot tell, so buffers are then never reused."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count(tensor.untyped_storage()._cdata) if count else 0
 
 
 class _Buffer:
@@ -112,10 +115,13 @@ class _Buffer:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor):
         self.images, self.labels = images, labels
         self.copied: Optional[Any] = None
-        self.baseline = (_use_count(images), _use_count(labels))
+        self.baseline = self._references()
+
+    def _references(self) -> Tuple[int, int]:
+        return (_use_count(self.images), _use_count(self.labels))
 
     def unreferenced(self) -> bool:
-        return (_use_count(self.images), _use_count(self.labels)) == self.baseline
+        return self.baseline[0] > 0 and self._references() == self.baseline
 
 
 class _BufferPool:
@@ -130,7 +136,7 @@ class _BufferPool:
         self._images_shape = (batch_size, *shape)
         self._label_dtype = torch.from_numpy(np.empty(0, dtype=label_dtype)).dtype
         self._pin, self._worker = pin, worker
-        self._reuse = not worker and hasattr(torch._C, "_storage_Use_Count")
+        self._reuse = not worker
         self._free: collections.deque = collections.deque()
         self._lent: list = []
 
