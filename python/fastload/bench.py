@@ -8,9 +8,11 @@ arguments. Every figure is the median of several repetitions with its spread.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
+import multiprocessing
 import os
 import platform
 import resource
@@ -19,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +67,7 @@ class Plan:
     def for_run(cls, quick: bool) -> Plan:
         if quick:
             return cls(64 << 20, 64 << 20, 1024, 64, 256 << 20, 0.1)
-        return cls(2 << 30, 512 << 20, 16384, 512, 2 << 30, 0.5)
+        return cls(2 << 30, 512 << 20, 8192, 512, 2 << 30, 0.5)
 
 
 @dataclass
@@ -480,23 +483,41 @@ class JpegFolder:
         return torch.from_numpy(pixels.reshape(pixels.shape[0], pixels.shape[1], -1).copy()), 0
 
 
-def _dataloader_epoch(ctx: Context, data) -> Callable[[], Tuple[float, int]]:
-    from torch.utils.data import DataLoader
+def _loader_epoch(ctx: Context, loader, images_of=lambda batch: batch[0]) -> Callable[[], Tuple[float, int]]:
+    """One pass over a torch-style loader, counting images. Non-persistent workers exit
+    and are reaped at the end of the pass, so their CPU time is counted."""
 
     def epoch() -> Tuple[float, int]:
-        loader = DataLoader(data, batch_size=ctx.batch_size, shuffle=True, num_workers=2, pin_memory=ctx.cuda)
         images = 0
         for batch in loader:
-            images += len(batch[0])
-        del loader  # workers exit and are reaped, so their CPU time is counted
+            images += len(images_of(batch))
         return images, images * ctx.image_nbytes
 
     return epoch
 
 
+def _dataloader_epoch(ctx: Context, data) -> Callable[[], Tuple[float, int]]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(data, batch_size=ctx.batch_size, shuffle=True, num_workers=2, pin_memory=ctx.cuda)
+    return _loader_epoch(ctx, loader)
+
+
+def _loader_records(ctx: Context) -> int:
+    """How many records the per-item loaders (DataLoader recipe, LitData, streaming) read per run."""
+    return min(ctx.sample, ctx.plan.loader_records)
+
+
+def _record_chunks(ctx: Context, count: int, chunk: int = 256):
+    """Yields (images, labels) of records 0..count-1 in chunks, to write the other loaders' formats."""
+    with Store(ctx.path) as store:
+        for start in range(0, count, chunk):
+            yield store.gather(np.arange(start, min(count, start + chunk)))
+
+
 def bench_dataloader(ctx: Context) -> List[Figure]:
     """The np.memmap Dataset in a torch DataLoader (2 workers, default collate) recipe."""
-    count = min(ctx.sample, ctx.plan.loader_records)
+    count = _loader_records(ctx)
     data = MemmapRecords(ctx.path, ctx.count, ctx.stride, ctx.shape, ctx.labels[:count])
     note = f"num_workers=2, default collate, {count:,} records per run" + (", pin_memory" if ctx.cuda else "")
     return [
@@ -556,20 +577,81 @@ def bench_jpeg(ctx: Context) -> List[Figure]:
     return [figure]
 
 
+def litdata_records(span: Tuple[int, int], path: str):
+    """LitData `optimize` input function: the records of one span of a store (module-level
+    so that LitData's worker processes can unpickle it)."""
+    with Store(path) as store:
+        images, labels = store.gather(np.arange(*span))
+    for image, label in zip(images, labels.tolist()):
+        yield {"image": image, "label": label}
+
+
 def bench_litdata(ctx: Context) -> List[Figure]:
+    """LitData: the records optimized into its chunk format, read by StreamingDataLoader."""
     try:
-        import litdata  # noqa: F401
+        import litdata
     except ImportError:
         raise Skip("LitData is not installed: pip install litdata") from None
-    raise Skip("LitData is installed, but fastload bench does not drive it yet")
+    count = _loader_records(ctx)
+    out = str(Path(ctx.workdir) / "litdata")
+    spans = [(start, min(count, start + 256)) for start in range(0, count, 256)]
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(
+            fn=functools.partial(litdata_records, path=ctx.path),
+            inputs=spans,
+            output_dir=out,
+            chunk_bytes="64MB",
+            num_workers=1,
+            start_method="fork",
+            verbose=False,
+        )
+    finally:
+        # optimize() sets the start method process-wide; left as it sets it, every later
+        # DataLoader worker would re-import torch.
+        multiprocessing.set_start_method(start_method, force=True)
+    loader = litdata.StreamingDataLoader(
+        litdata.StreamingDataset(out, shuffle=True),
+        batch_size=ctx.batch_size,
+        num_workers=2,
+        pin_memory=ctx.cuda,
+    )
+    note = f"litdata {litdata.__version__}, num_workers=2, {count:,} records per run"
+    epoch = _loader_epoch(ctx, loader, lambda batch: batch["image"])
+    return [_figure(ctx, "litdata", "LitData StreamingDataLoader, warm", "baseline", epoch, note)]
 
 
 def bench_streaming(ctx: Context) -> List[Figure]:
+    """MosaicML streaming: the records written as MDS shards, read by StreamingDataset in a DataLoader."""
     try:
-        import streaming  # noqa: F401
+        import streaming
+        from streaming.base.util import clean_stale_shared_memory
     except ImportError:
         raise Skip("MosaicML streaming is not installed: pip install mosaicml-streaming") from None
-    raise Skip("MosaicML streaming is installed, but fastload bench does not drive it yet")
+    from torch.utils.data import DataLoader
+
+    count = _loader_records(ctx)
+    out = str(Path(ctx.workdir) / "mds")
+    columns = {"image": "ndarray:uint8:" + ",".join(map(str, ctx.shape)), "label": str(ctx.labels.dtype)}
+    with streaming.MDSWriter(out=out, columns=columns, size_limit="64mb") as writer:
+        for images, labels in _record_chunks(ctx, count):
+            for image, label in zip(images, labels):
+                writer.write({"image": image, "label": label})
+    data = streaming.StreamingDataset(local=out, shuffle=True, batch_size=ctx.batch_size)
+    loader = DataLoader(data, batch_size=ctx.batch_size, num_workers=2, pin_memory=ctx.cuda)
+    note = f"mosaicml-streaming {streaming.__version__}, num_workers=2, {count:,} records per run"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            epoch = _loader_epoch(ctx, loader, lambda batch: batch["image"])
+            return [
+                _figure(
+                    ctx, "streaming", "MosaicML StreamingDataset + DataLoader, warm", "baseline", epoch, note
+                )
+            ]
+    finally:
+        del loader, data
+        clean_stale_shared_memory()
 
 
 BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
