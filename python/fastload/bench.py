@@ -233,30 +233,35 @@ def _cold_note(ctx: Context) -> str:
 
 
 def bench_memcpy(ctx: Context) -> List[Figure]:
-    """The ceiling for any loader that copies records: numpy copies between preallocated
-    buffers, on one thread and on every core (numpy releases the GIL for large copies)."""
-    n = ctx.plan.copy_bytes
-    src = np.full(n, 7, dtype=np.uint8)
-    dst = np.zeros(n, dtype=np.uint8)
-    images = n / ctx.image_nbytes
+    """The ceiling for any loader that copies records: numpy copies from a buffer larger than
+    the CPU caches into a reused batch-sized buffer (the pattern of a loader's batches), on
+    one thread and on every core (numpy releases the GIL for large copies)."""
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
-    chunks = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    batch_bytes = ctx.batch_size * ctx.image_nbytes
+    rows = max(ctx.plan.copy_bytes // batch_bytes, threads)
+    src = np.full((rows, batch_bytes), 7, dtype=np.uint8)
+    batches = [np.zeros(batch_bytes, dtype=np.uint8) for _ in range(threads)]
+    images = rows * ctx.batch_size
+
+    def copy_rows(first: int, step: int) -> None:
+        out = batches[first]
+        for row in src[first::step]:
+            np.copyto(out, row)
 
     def copy_one() -> Tuple[float, int]:
-        np.copyto(dst, src)
-        return images, n
+        copy_rows(0, 1)
+        return images, src.nbytes
 
     with ThreadPoolExecutor(threads) as pool:
 
         def copy_many() -> Tuple[float, int]:
-            list(pool.map(lambda ab: np.copyto(dst[ab[0] : ab[1]], src[ab[0] : ab[1]]), chunks))
-            return images, n
+            list(pool.map(copy_rows, range(threads), [threads] * threads))
+            return images, src.nbytes
 
-        size = f"{n >> 20} MiB buffer"
+        note = f"{src.nbytes >> 20} MiB into batches of {ctx.batch_size}"
         return [
-            _figure(ctx, "memcpy", "memcpy, 1 thread", "limit", copy_one, size),
-            _figure(ctx, "memcpy", f"memcpy, {threads} threads", "limit", copy_many, size),
+            _figure(ctx, "memcpy", "memcpy, 1 thread", "limit", copy_one, note),
+            _figure(ctx, "memcpy", f"memcpy, {threads} threads", "limit", copy_many, note),
         ]
 
 
@@ -313,24 +318,43 @@ def bench_h2d(ctx: Context) -> List[Figure]:
 # ---------------------------------------------------------------- fastload
 
 
+def _warm(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
+    """Steady state, as in training: one mapping for every run, its pages in the page cache
+    and in this process's page tables after the untimed first run."""
+    with Store(ctx.path) as store:
+        return _figure(ctx, stage, method, "fastload", make_trial(store), "page cache, store kept mapped")
+
+
+def _cold(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
+    """First epoch from disk: each run maps the store afresh after evicting it."""
+
+    def trial() -> Tuple[float, int]:
+        with Store(ctx.path) as store:
+            return make_trial(store)()
+
+    figure = _figure(ctx, stage, method, "fastload", trial, prepare=_evict(ctx), warmup=False)
+    figure.note = _cold_note(ctx)
+    return figure
+
+
 def bench_gather(ctx: Context) -> List[Figure]:
     """`Store.gather` of shuffled batches into a reused buffer: the copy fastload does per batch."""
     batches = ctx.batches(ctx.order())
     out = np.empty((ctx.batch_size, *ctx.shape), dtype=np.uint8)
     labels = np.empty(ctx.batch_size, dtype=ctx.labels.dtype)
 
-    def epoch() -> Tuple[float, int]:
-        with Store(ctx.path) as store:
+    def gather_epoch(store: Store):
+        def epoch() -> Tuple[float, int]:
             for idx in batches:
                 store.gather(idx, out=out[: len(idx)], labels_out=labels[: len(idx)])
-        return ctx.sample, ctx.sample_bytes
+            return ctx.sample, ctx.sample_bytes
 
-    warm = _figure(ctx, "gather", "Store.gather, warm, random", "fastload", epoch, "from the page cache")
-    cold = _figure(
-        ctx, "gather", "Store.gather, cold, random", "fastload", epoch, prepare=_evict(ctx), warmup=False
-    )
-    cold.note = _cold_note(ctx)
-    return [warm, cold]
+        return epoch
+
+    return [
+        _warm(ctx, "gather", "Store.gather, warm, random", gather_epoch),
+        _cold(ctx, "gather", "Store.gather, cold, random", gather_epoch),
+    ]
 
 
 def _dataset_module():
@@ -341,47 +365,35 @@ def _dataset_module():
     return dataset
 
 
-def bench_dataset(ctx: Context) -> List[Figure]:
-    """A `FastLoadDataset` epoch over the sampled records: warm and cold, random and block order."""
+def _dataset_epochs(ctx: Context, order: str, deliver: Callable = lambda images: None):
+    """Makes trials that iterate a FastLoadDataset over the sampled records, one epoch per
+    call, handing each batch's images to `deliver`."""
     dataset = _dataset_module()
     indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
 
-    def epoch_in(order: str):
+    def make_trial(store: Store):
+        loader = dataset.FastLoadDataset(store, ctx.batch_size, order=order, indices=indices, seed=0)
+
         def epoch() -> Tuple[float, int]:
             images = 0
-            with Store(ctx.path) as store:
-                loader = dataset.FastLoadDataset(store, ctx.batch_size, order=order, indices=indices, seed=0)
-                for batch in loader:
-                    images += len(batch[0])
-                del loader, batch
+            for batch in loader:
+                deliver(batch[0])
+                images += len(batch[0])
             return images, images * ctx.image_nbytes
 
         return epoch
 
+    return make_trial
+
+
+def bench_dataset(ctx: Context) -> List[Figure]:
+    """`FastLoadDataset` epochs over the sampled records: warm and cold, random and block order."""
     figures = []
-    for order in ("random", "block"):
-        figures.append(
-            _figure(
-                ctx,
-                "dataset",
-                f"FastLoadDataset, warm, {order}",
-                "fastload",
-                epoch_in(order),
-                "from the page cache",
+    for measure, state in ((_warm, "warm"), (_cold, "cold")):
+        for order in ("random", "block"):
+            figures.append(
+                measure(ctx, "dataset", f"FastLoadDataset, {state}, {order}", _dataset_epochs(ctx, order))
             )
-        )
-    for order in ("random", "block"):
-        cold = _figure(
-            ctx,
-            "dataset",
-            f"FastLoadDataset, cold, {order}",
-            "fastload",
-            epoch_in(order),
-            prepare=_evict(ctx),
-            warmup=False,
-        )
-        cold.note = _cold_note(ctx)
-        figures.append(cold)
     return figures
 
 
@@ -392,30 +404,27 @@ def bench_to_device(ctx: Context) -> List[Figure]:
     dataset = _dataset_module()
     import torch
 
-    indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
     channels = ctx.shape[2]
     mean, std = [0.5] * channels, [0.25] * channels
 
-    def epoch() -> Tuple[float, int]:
-        images = 0
-        with Store(ctx.path) as store:
-            loader = dataset.FastLoadDataset(store, ctx.batch_size, order="random", indices=indices)
-            for batch in loader:
-                dataset.to_device(batch[0], "cuda", dtype=torch.float32, mean=mean, std=std)
-                images += len(batch[0])
-            torch.cuda.synchronize()
-        return images, images * ctx.image_nbytes
+    def deliver(images) -> None:
+        dataset.to_device(images, "cuda", dtype=torch.float32, mean=mean, std=std)
 
-    return [
-        _figure(
-            ctx,
-            "to_device",
-            "FastLoadDataset + to_device, float32 on GPU",
-            "fastload",
-            epoch,
-            "warm, random order, normalized",
-        )
-    ]
+    make_epoch = _dataset_epochs(ctx, "random", deliver)
+
+    def make_trial(store: Store):
+        epoch = make_epoch(store)
+
+        def synchronized() -> Tuple[float, int]:
+            done = epoch()
+            torch.cuda.synchronize()
+            return done
+
+        return synchronized
+
+    figure = _warm(ctx, "to_device", "FastLoadDataset + to_device, float32 on GPU", make_trial)
+    figure.note = "warm, random order, normalized on the GPU"
+    return [figure]
 
 
 # ---------------------------------------------------------------- baselines
@@ -428,21 +437,19 @@ def _memmap_images(ctx: Context) -> np.ndarray:
 
 
 def bench_memmap(ctx: Context) -> List[Figure]:
-    """np.memmap fancy indexing of shuffled batches (a new array per batch, as users write it)."""
+    """np.memmap fancy indexing of shuffled batches (a new array per batch, as users write it),
+    the mapping kept across runs like fastload's warm runs."""
     batches = ctx.batches(ctx.order())
+    mapped = _memmap_images(ctx)  # unmapped when this function returns, before any cold stage
 
     def epoch() -> Tuple[float, int]:
-        images = _memmap_images(ctx)
         for idx in batches:
-            batch, labels = images[idx], ctx.labels[idx]
-        del images, batch, labels
+            batch, labels = mapped[idx], ctx.labels[idx]
+        del batch, labels
         return ctx.sample, ctx.sample_bytes
 
-    return [
-        _figure(
-            ctx, "memmap", "np.memmap fancy indexing, warm, random", "baseline", epoch, "from the page cache"
-        )
-    ]
+    method = "np.memmap fancy indexing, warm, random"
+    return [_figure(ctx, "memmap", method, "baseline", epoch, "page cache, file kept mapped")]
 
 
 class MemmapRecords:
