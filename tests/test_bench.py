@@ -81,7 +81,10 @@ def test_json_describes_the_machine_and_the_store(quick_run, tiny_store):
     plan = results["memory_plan"]
     assert plan["images"] == 400 and plan["uint8_bytes"] == 400 * (48 * 48 * 3 + 8)
     assert results["fastload_reference"] == "FastLoadDataset, warm, random"
-    assert results["verdict"].startswith("FastLoadDataset, warm, random delivers")
+    assert results["verdict"].startswith("the loader (FastLoadDataset, warm, random) delivers")
+    assert "the narrowest stage is" in results["verdict"]
+    if not torch.cuda.is_available():
+        assert "the host-to-device link was not measured" in results["verdict"]
     assert {t["target"] for t in results["targets"]} == {
         "fastload >= 85% of memcpy",
         "fastload >= 4x the np.memmap DataLoader recipe",

@@ -827,49 +827,45 @@ def _rate(row: Optional[dict]) -> str:
 
 def verdict(rows: List[dict], plan: dict, file_bytes: int) -> str:
     """Names the narrowest stage of the path from storage to the training step."""
-    loader = _reference(rows, "FastLoadDataset + to_device", *FASTLOAD_REFERENCE)
-    memcpy = _memcpy_limit(rows)
-    disk = _reference(rows, "sequential read, cold")
-    f32 = _reference(rows, "host-to-device, pinned float32")
-    u8 = _reference(rows, "host-to-device, pinned uint8")
+    loader = _reference(rows, *FASTLOAD_REFERENCE)
     if loader is None:
         return "no fastload stage ran: nothing to compare the limits with"
-    parts = [f"{loader['method']} delivers {_rate(loader)}"]
+    memcpy = _memcpy_limit(rows)
+    disk = _reference(rows, "sequential read, cold")
+    cold = _reference(rows, "FastLoadDataset, cold, random", "Store.gather, cold, random")
+    f32 = _reference(rows, "host-to-device, pinned float32")
+    u8 = _reference(rows, "host-to-device, pinned uint8")
+    end_to_end = _reference(rows, "FastLoadDataset + to_device")
+    fits = file_bytes <= 0.8 * plan["ram_bytes"]
+    parts = [f"the loader ({loader['method']}) delivers {_rate(loader)}"]
+    path = [("the loader", loader)]
     if memcpy:
         parts[0] += (
-            f" ({100 * loader['gb_per_s'] / memcpy['gb_per_s']:.0f}% of the {_rate(memcpy)} memcpy limit)"
+            f", {100 * loader['gb_per_s'] / memcpy['gb_per_s']:.0f}% of the {_rate(memcpy)} memcpy limit"
         )
+        path.append(("memory bandwidth", memcpy))
     if f32 and u8:
-        link = f"your host-to-device link carries {_rate(f32)} as float32 and {_rate(u8)} as uint8"
-        if f32["images_per_s"] < loader["images_per_s"] <= u8["images_per_s"]:
-            parts.append(f"{link}: send uint8 and convert on the GPU (fastload.to_device)")
-        elif u8["images_per_s"] < loader["images_per_s"]:
-            parts.append(f"{link}: the link bounds the path even as uint8")
-        else:
-            parts.append(f"{link}: the loader, not the link, bounds the path")
-    if disk:
-        fits = file_bytes <= 0.8 * plan["ram_bytes"]
-        disk_text = f"the disk reads {_rate(disk)} cold"
-        if disk["images_per_s"] >= loader["images_per_s"]:
-            parts.append(f"{disk_text}, faster than the loader: the disk does not bound the path")
-        elif fits:
-            parts.append(
-                f"{disk_text}, slower than the loader, but the store fits in RAM: only the first epoch "
-                "is bound by the disk; after it the path is bound by "
-                + (
-                    "memory bandwidth"
-                    if memcpy and loader["gb_per_s"] >= 0.85 * memcpy["gb_per_s"]
-                    else "the loader"
-                )
-            )
-        else:
-            parts.append(f"{disk_text} and the store does not fit in RAM: the disk bounds every epoch")
-    elif not (f32 and u8) and memcpy:
+        advice = "send uint8 (fastload.to_device converts on the GPU)"
+        if u8["images_per_s"] < loader["images_per_s"]:
+            advice = "the link bounds the path even as uint8"
+        elif f32["images_per_s"] >= loader["images_per_s"]:
+            advice = "the link keeps up either way"
         parts.append(
-            "memory bandwidth bounds the path"
-            if loader["gb_per_s"] >= 0.85 * memcpy["gb_per_s"]
-            else "the loader, not memory bandwidth, bounds the path"
+            f"your host-to-device link carries {_rate(f32)} as float32 and {_rate(u8)} as uint8: {advice}"
         )
+        path.append(("the host-to-device link (uint8)", u8))
+    else:
+        parts.append("no GPU here, so the host-to-device link was not measured")
+    if end_to_end:
+        parts.append(f"end to end, normalized float32 batches reach the GPU at {_rate(end_to_end)}")
+    if cold and disk:
+        parts.append(f"a cold epoch delivers {_rate(cold)}, the disk reads {_rate(disk)} sequentially")
+        if not fits:
+            path.append(("the disk (the store does not fit in RAM)", disk))
+        elif disk["images_per_s"] < loader["images_per_s"]:
+            parts.append("the store fits in RAM, so the disk bounds only the first epoch")
+    name, narrowest = min(path, key=lambda stage: stage[1]["images_per_s"])
+    parts.append(f"the narrowest stage is {name} ({_rate(narrowest)})")
     return "; ".join(parts) + "."
 
 
