@@ -20,7 +20,7 @@ import statistics
 import struct
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -159,17 +159,6 @@ def timed(fn: Callable, *args) -> float:
     return time.perf_counter() - start
 
 
-def median_seconds(
-    measure: Callable[[], float], repeat: int, prepare: Optional[Callable[[], None]] = None
-) -> float:
-    runs = []
-    for _ in range(repeat):
-        if prepare is not None:
-            prepare()
-        runs.append(measure())
-    return statistics.median(runs)
-
-
 def evict(path: Path) -> Callable[[], None]:
     """A `prepare` step that drops the store's pages from the page cache (and checks it did)."""
 
@@ -188,11 +177,19 @@ def cold_fastload(path: Path, batch_size: int, order: str) -> float:
     return time_fastload(FastLoadDataset(path, batch_size, order=order, seed=0))
 
 
-def steady_seconds(measure: Callable[[], float], repeat: int) -> float:
-    """Median of `repeat` epochs after one untimed epoch: a training run's steady state, where
-    the store is mapped and its pages are in this process's page tables."""
-    measure()
-    return median_seconds(measure, repeat)
+def interleaved_medians(
+    measures: Dict[str, Callable[[], float]], repeat: int, warm_up: bool = True
+) -> Dict[str, float]:
+    """Median seconds of each measure over `repeat` rounds, after one untimed round when
+    `warm_up` (a training run's steady state: store mapped, page tables filled). Each round
+    runs every measure in turn, so a shared machine's changing load hits all of them alike."""
+    runs: Dict[str, List[float]] = {name: [] for name in measures}
+    for round_ in range(repeat + warm_up):
+        for name, measure in measures.items():
+            seconds = measure()
+            if round_ or not warm_up:
+                runs[name].append(seconds)
+    return {name: statistics.median(r) for name, r in runs.items()}
 
 
 def warm_figures(path: Path, batches: Sequence[np.ndarray], batch_size: int, repeat: int) -> dict:
@@ -201,24 +198,28 @@ def warm_figures(path: Path, batches: Sequence[np.ndarray], batch_size: int, rep
     with Store(path) as store:
         ds = FastLoadDataset(store, batch_size, order="random", seed=0)
         images = open_memmap(path)
-        return {
-            "memcpy (numpy, 1 thread)": steady_seconds(lambda: time_memcpy(store, batches), repeat),
-            "FastLoadDataset random": steady_seconds(lambda: time_fastload(ds), repeat),
-            "np.memmap fancy indexing": steady_seconds(lambda: time_memmap_fancy(images, batches), repeat),
-            "DataLoader(memmap Dataset, 2 workers)": steady_seconds(
-                lambda: time_dataloader_recipe(path, batches), repeat
-            ),
-        }
+        return interleaved_medians(
+            {
+                "memcpy (numpy, 1 thread)": lambda: time_memcpy(store, batches),
+                "FastLoadDataset random": lambda: time_fastload(ds),
+                "np.memmap fancy indexing": lambda: time_memmap_fancy(images, batches),
+                "DataLoader(memmap Dataset, 2 workers)": lambda: time_dataloader_recipe(path, batches),
+            },
+            repeat,
+        )
 
 
 def cold_figures(path: Path, batch_size: int, repeat: int) -> dict:
     """Epochs after evicting the store from the page cache, by order, against a plain read."""
-    figures = {"plain sequential read": median_seconds(lambda: timed(read_file, path), repeat, evict(path))}
+    measures = {"plain sequential read": lambda: timed(read_file, path)}
     for order in ("sequential", "block", "random"):
-        figures[f"FastLoadDataset {order}"] = median_seconds(
-            functools.partial(cold_fastload, path, batch_size, order), repeat, evict(path)
-        )
-    return figures
+        measures[f"FastLoadDataset {order}"] = functools.partial(cold_fastload, path, batch_size, order)
+    prepare = evict(path)
+
+    def after_eviction(measure: Callable[[], float]) -> Callable[[], float]:
+        return lambda: (prepare(), measure())[1]
+
+    return interleaved_medians({k: after_eviction(m) for k, m in measures.items()}, repeat, warm_up=False)
 
 
 def run(path: Path, count: int, side: int, batch_size: int = 64, repeat: int = 3, cold: bool = True) -> dict:

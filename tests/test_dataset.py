@@ -41,7 +41,7 @@ def epoch(ds, num_workers=None, **loader_kwargs):
 
 
 def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name == "fastload-prefetch"]
+    return [t for t in threading.enumerate() if t.name in ("fastload-prefetch", "fastload-readahead")]
 
 
 SUBSETS = [None, [50, 3, 7, 8, 9, 10, 11, 30, 31, 32, 40, 1, 2]]
@@ -231,7 +231,7 @@ def test_state_dict_rejects_bad_states(store_path):
 def test_breaking_out_stops_the_prefetch_thread(store_path):
     ds = FastLoadDataset(store_path, 2, prefetch=3)
     for _ in ds:
-        assert len(prefetch_threads()) == 1
+        assert len(prefetch_threads()) == 2
         break
     assert prefetch_threads() == []
     for k, _ in enumerate(DataLoader(ds, batch_size=None)):
