@@ -181,3 +181,17 @@ def test_cli_bad_store_exits_1_naming_the_file(tmp_path):
     assert "fastload bench: error:" in proc.stderr and "junk.bin" in proc.stderr
     proc = _cli(junk, "--only", "nope")
     assert proc.returncode == 1 and "unknown stage" in proc.stderr
+
+
+def test_plain_table_without_rich(quick_run, monkeypatch, capsys):
+    results, _ = quick_run
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    bench.print_report(results)
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert header[:3] == ["method", "img/s", "GB/s"]
+    rows = lines[1 : 1 + len(results["rows"])]
+    assert [r.startswith(row["method"]) for r, row in zip(rows, results["rows"])] == [True] * len(rows)
+    assert len({len(r) for r in [lines[0], *rows]}) == 1  # aligned columns
+    assert any(line.startswith("verdict: ") for line in lines)

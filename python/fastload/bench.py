@@ -9,7 +9,6 @@ arguments. Every figure is the median of several repetitions with its spread.
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import math
 import multiprocessing
@@ -109,6 +108,8 @@ class Figure:
             "kind": self.kind,
             "images_per_s": self.images_per_s,
             "gb_per_s": self.bytes_per_s / 1e9,
+            "gb_per_s_min": self.nbytes / max(self.seconds) / 1e9,
+            "gb_per_s_max": self.nbytes / min(self.seconds) / 1e9,
             "spread_pct": self.spread_pct,
             "vs_memcpy": self.bytes_per_s / memcpy_rate if memcpy_rate else None,
             "vs_fastload": self.bytes_per_s / fastload_rate if fastload_rate else None,
@@ -202,18 +203,18 @@ def _figure(ctx: Context, stage: str, method: str, kind: str, trial, note: str =
 
 
 def _evict(ctx: Context) -> Callable[[], None]:
-    """Drops the store from the page cache; only pages no live mapping holds can go, so
-    every handle must be closed and its views released first."""
+    """Drops the store from the page cache. Only pages no live mapping holds can go: every
+    handle must be closed and its views released first (`_cold_note` checks it worked)."""
 
     def prepare() -> None:
-        gc.collect()
         _core.evict(ctx.path)
 
     return prepare
 
 
 def resident_fraction(path: PathLike) -> float:
-    """Share of the file in the page cache now (mincore; reading the residency faults nothing)."""
+    """Share of the file in the page cache now, as seen right after opening it (which reads
+    the header, and with it the kernel's read-ahead window)."""
     with Store(path) as store:
         resident, size = store.resident_bytes()
     return resident / max(size, 1)
@@ -224,7 +225,8 @@ def _cold_note(ctx: Context) -> str:
     left = resident_fraction(ctx.path)
     if left > 0.1:
         return (
-            f"eviction left {100 * left:.0f}% of the file cached (tmpfs or a pinned mapping?): not truly cold"
+            f"after eviction {100 * left:.0f}% of the file was still cached: not truly cold (a file smaller "
+            "than the kernel's read-ahead comes back whole when opened; tmpfs cannot be evicted)"
         )
     return "page cache evicted before each run"
 
@@ -984,7 +986,6 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
             figures.extend(BENCHES[name](ctx))
         except Skip as exc:
             skipped[name] = str(exc)
-        gc.collect()
         took[name] = time.perf_counter() - t0
     by_method = {f.method: f for f in figures}
     memcpy = max((f for f in figures if f.stage == "memcpy"), key=lambda f: f.bytes_per_s, default=None)
@@ -1034,27 +1035,35 @@ KIND_COLOURS = {"limit": "#9e9e9e", "fastload": "#2e7d32", "baseline": "#ef6c00"
 
 
 def plot(results: dict, path: PathLike) -> Path:
-    """A horizontal bar chart of GB/s per method, limits in grey, fastload in green."""
+    """A horizontal bar chart of GB/s per method on a log scale (loaders differ by orders of
+    magnitude), limits in grey, fastload in green, whiskers from the slowest to the fastest run."""
     plt = _require_matplotlib()
     rows = results["rows"]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
     y = np.arange(len(rows))[::-1]
-    rates = [r["gb_per_s"] for r in rows]
+    rates = np.array([r["gb_per_s"] for r in rows])
+    slowest = np.array([r["gb_per_s_min"] for r in rows])
+    fastest = np.array([r["gb_per_s_max"] for r in rows])
     ax.barh(y, rates, color=[KIND_COLOURS[r["kind"]] for r in rows])
-    errors = [[r["gb_per_s"] * r["spread_pct"] / 200 for r in rows]] * 2
-    ax.errorbar(rates, y, xerr=errors, fmt="none", ecolor="black", capsize=2, linewidth=0.8)
-    for yi, r in zip(y, rows):
-        ax.text(r["gb_per_s"], yi, f"  {r['images_per_s']:,.0f} img/s", va="center", fontsize=7)
+    ax.errorbar(
+        rates, y, xerr=[rates - slowest, fastest - rates], fmt="none", ecolor="black", capsize=2, lw=0.8
+    )
+    for yi, top, r in zip(y, fastest, rows):
+        ax.text(top * 1.08, yi, f"{r['images_per_s']:,.0f} img/s", va="center", fontsize=7)
+    memcpy = _memcpy_limit(rows)
+    if memcpy:
+        ax.axvline(memcpy["gb_per_s"], color="#616161", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlim(min(slowest.min(), 0.01) / 2, fastest.max() * 4)
     ax.set_yticks(y)
     ax.set_yticklabels([r["method"] for r in rows], fontsize=8)
-    ax.set_xlabel("GB/s (median; error bar = spread of the runs)")
+    ax.set_xlabel("GB/s, log scale (median of the runs; whiskers: slowest to fastest; dashed: memcpy limit)")
     machine = results["machine"]
     h, w, c = results["config"]["shape"]
     ax.set_title(
-        f"fastload bench: {h}x{w}x{c} uint8, {machine['usable_cores']} cores, {machine['gpu'] or 'no GPU'}",
+        f"fastload bench: {h}x{w}x{c} uint8 records, {machine['usable_cores']} cores, {machine['gpu'] or 'no GPU'}",
         fontsize=10,
     )
-    ax.set_xlim(0, max(rates, default=1) * 1.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOURS.values()]
     ax.legend(handles, list(KIND_COLOURS), loc="lower right", fontsize=8)
     fig.tight_layout()
