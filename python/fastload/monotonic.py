@@ -1,0 +1,493 @@
+"""Monotone neural building blocks: calibrators, sign-constrained linear layers and lattices.
+
+Shape-constrained models let a user state "the prediction never goes down when this input goes
+up" and have it hold for every input, not just on the training data. Every module here is plain
+PyTorch and works on any device and in float32, float64 or bfloat16.
+
+Monotonicity holds *by construction*: each module stores free (unconstrained) parameters and maps
+them to constrained values in ``forward``. Any optimizer can take any step and the model stays
+monotone; there is no projection step to forget. The maps used:
+
+* ``PWLCalibrator``: keypoint outputs are a free first value plus a cumulative sum of softplus
+  increments. Smooth and surjective onto strictly monotone keypoints; exactly flat pieces are
+  only approached (increment -> 0), which costs little in practice.
+* ``MonotoneLinear``: weight = softplus(free) times the declared sign. Keeps gradients nonzero
+  (unlike clamping) at the price of never reaching exactly zero.
+* ``Lattice`` / ``LatticeEnsemble``: vertex values are the average of the lower monotone envelope
+  (cumulative max along each monotone dimension) and the upper one (reverse cumulative min) of
+  free values. Both envelopes are monotone in every declared dimension, so their average is;
+  the map is the identity on lattices that are already monotone, so every monotone lattice is
+  reachable. Cumulative sums of non-negative increments, the obvious alternative, only work for
+  one monotone dimension: chaining them over several dimensions restricts the lattice to
+  supermodular functions (it cannot represent ``max(a, b)``). The price is a piecewise-linear
+  map whose gradient reaches only the vertices that attain the envelopes.
+* Output bounds apply an increasing squashing (sigmoid) after the monotone map, which keeps
+  monotonicity and pins outputs inside ``(output_min, output_max)``.
+
+Interpolation runs in at least float32 (bfloat16 inputs are upcast and the result cast back),
+because bfloat16 cell fractions and corner weights are too coarse. The guarantee is exact in real
+arithmetic; floating-point rounding can add decreases of a few units in the last place of the
+output, which is what :func:`check_monotone` lets a user measure on a trained model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "Lattice",
+    "LatticeEnsemble",
+    "MonotoneLinear",
+    "MonotonicRegressor",
+    "PWLCalibrator",
+    "check_monotone",
+]
+
+# Bounded modules start with outputs covering this central part of (output_min, output_max),
+# away from the flat tails of the sigmoid.
+_INIT_LOW, _INIT_HIGH = 0.1, 0.9
+
+
+def _check_bounds(output_min: float | None, output_max: float | None) -> None:
+    if (output_min is None) != (output_max is None):
+        raise ValueError("output_min and output_max must be given together")
+    if output_min is not None and not output_min < output_max:
+        raise ValueError(f"output_min ({output_min}) must be < output_max ({output_max})")
+
+
+def _bound(raw: torch.Tensor, output_min: float | None, output_max: float | None):
+    """Increasing map from free values into (output_min, output_max), or the identity."""
+    if output_min is None:
+        return raw
+    return output_min + (output_max - output_min) * torch.sigmoid(raw)
+
+
+def _initial_raw(fraction: torch.Tensor, bounded: bool, low: float, high: float) -> torch.Tensor:
+    """Free values whose bounded image is the ramp ``fraction`` in [0, 1] (or low..high if unbounded)."""
+    if bounded:
+        return torch.logit(_INIT_LOW + (_INIT_HIGH - _INIT_LOW) * fraction)
+    return low + (high - low) * fraction
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+def _dtypes(x: torch.Tensor, param: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(output dtype, compute dtype): usual type promotion, computed in at least float32."""
+    out = torch.promote_types(x.dtype, param.dtype)
+    return out, torch.promote_types(out, torch.float32)
+
+
+def _check_monotonicities(values, allowed: tuple[int, ...], length: int, name: str) -> list:
+    values = [int(m) for m in values]
+    if len(values) != length:
+        raise ValueError(f"{name} has {len(values)} entries, expected {length}")
+    bad = [m for m in values if m not in allowed]
+    if bad:
+        raise ValueError(f"{name} must contain only {allowed}, got {bad}")
+    return values
+
+
+class PWLCalibrator(nn.Module):
+    """Piecewise-linear 1-D function through ``num_keypoints`` evenly spaced keypoints.
+
+    Constant outside ``[input_min, input_max]``. ``monotonicity`` is +1 (non-decreasing),
+    -1 (non-increasing) or 0 (free). With ``output_min``/``output_max`` (both or neither) the
+    outputs stay strictly inside the bounds. Accepts shape (N,) or (N, 1), returns the same shape.
+    Starts as the identity on the input range (or a ramp over the bounds), reversed for -1.
+    """
+
+    def __init__(
+        self,
+        num_keypoints: int,
+        input_min: float,
+        input_max: float,
+        monotonicity: int = 1,
+        output_min: float | None = None,
+        output_max: float | None = None,
+    ):
+        super().__init__()
+        if int(num_keypoints) < 2:
+            raise ValueError(f"num_keypoints must be >= 2, got {num_keypoints}")
+        if not float(input_min) < float(input_max):
+            raise ValueError(f"input_min ({input_min}) must be < input_max ({input_max})")
+        if monotonicity not in (-1, 0, 1):
+            raise ValueError(f"monotonicity must be -1, 0 or 1, got {monotonicity!r}")
+        _check_bounds(output_min, output_max)
+        self.num_keypoints = int(num_keypoints)
+        self.input_min, self.input_max = float(input_min), float(input_max)
+        self.monotonicity = int(monotonicity)
+        self.output_min, self.output_max = output_min, output_max
+
+        fraction = torch.linspace(0.0, 1.0, self.num_keypoints)
+        if self.monotonicity < 0:
+            fraction = fraction.flip(0)
+        target = _initial_raw(fraction, output_min is not None, self.input_min, self.input_max)
+        if self.monotonicity:
+            steps = _inverse_softplus(target.diff().abs().clamp(min=1e-6))
+            target = torch.cat([target[:1], steps])
+        self.raw = nn.Parameter(target)
+
+    @property
+    def keypoints(self) -> torch.Tensor:
+        """Input positions of the keypoints."""
+        return torch.linspace(self.input_min, self.input_max, self.num_keypoints, device=self.raw.device)
+
+    def keypoint_outputs(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Output values at the keypoints (a first value plus signed softplus increments)."""
+        raw = self.raw.to(dtype or torch.promote_types(self.raw.dtype, torch.float32))
+        if self.monotonicity:
+            raw = torch.cat([raw[:1], self.monotonicity * F.softplus(raw[1:])]).cumsum(0)
+        return _bound(raw, self.output_min, self.output_max)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
+            raise ValueError(f"PWLCalibrator expects shape (N,) or (N, 1), got {tuple(x.shape)}")
+        out_dtype, dtype = _dtypes(x, self.raw)
+        values = self.keypoint_outputs(dtype)
+        scale = (self.num_keypoints - 1) / (self.input_max - self.input_min)
+        t = (x.to(dtype).clamp(self.input_min, self.input_max) - self.input_min) * scale
+        cell = t.floor().clamp(max=self.num_keypoints - 2)
+        frac = t - cell
+        low, high = values[cell.long()], values[cell.long() + 1]
+        return (low + frac * (high - low)).to(out_dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_keypoints={self.num_keypoints}, input_range=({self.input_min}, "
+            f"{self.input_max}), monotonicity={self.monotonicity}, "
+            f"output_range=({self.output_min}, {self.output_max})"
+        )
+
+
+class MonotoneLinear(nn.Module):
+    """Linear layer whose weights have a fixed sign per input: +1 non-negative, -1 non-positive,
+    0 free. Constrained weights are softplus of a free parameter times the sign, so gradients
+    never vanish at zero the way they do with clamping."""
+
+    def __init__(self, in_features: int, out_features: int, monotonicities: int | Sequence[int]):
+        super().__init__()
+        if in_features < 1 or out_features < 1:
+            raise ValueError("in_features and out_features must be >= 1")
+        if isinstance(monotonicities, int):
+            monotonicities = [monotonicities] * in_features
+        signs = _check_monotonicities(monotonicities, (-1, 0, 1), in_features, "monotonicities")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("signs", torch.tensor(signs, dtype=torch.float32))
+        init = nn.Linear(in_features, out_features)
+        constrained = self.signs != 0
+        raw = init.weight.detach().clone()
+        raw[:, constrained] = _inverse_softplus(raw[:, constrained].abs().clamp(min=1e-3))
+        self.raw_weight = nn.Parameter(raw)
+        self.bias = nn.Parameter(init.bias.detach().clone())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        signs = self.signs.to(self.raw_weight.dtype)
+        return torch.where(signs != 0, signs * F.softplus(self.raw_weight), self.raw_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class _LatticeBank(nn.Module):
+    """``num_lattices`` lattices of equal sizes, interpolated together in one vectorised pass.
+
+    ``monotone[l][d]`` says whether lattice ``l`` is non-decreasing along dimension ``d``.
+    """
+
+    def __init__(self, sizes, monotone, output_min, output_max):
+        super().__init__()
+        _check_bounds(output_min, output_max)
+        self.sizes = tuple(sizes)
+        self.output_min, self.output_max = output_min, output_max
+        strides = [math.prod(self.sizes[d + 1 :]) for d in range(len(self.sizes))]
+        # Flat offsets of the 2^D cell corners, bit d of the corner number selecting the upper
+        # side of dimension d; forward builds corner weights in the same order.
+        offsets = [0]
+        for stride in strides:
+            offsets = offsets + [o + stride for o in offsets]
+        self.register_buffer("_strides", torch.tensor(strides), persistent=False)
+        self.register_buffer("_offsets", torch.tensor(offsets), persistent=False)
+        self.register_buffer("_last", torch.tensor(self.sizes) - 1, persistent=False)
+        self.register_buffer("_monotone", torch.tensor(monotone, dtype=torch.bool), persistent=False)
+
+        # Start monotone (a ramp over the monotone dimensions, so both envelopes coincide and
+        # every vertex gets gradient) with small noise along free dimensions only, so inputs
+        # feeding free dimensions get a gradient from the first step.
+        grids = torch.meshgrid(*[torch.linspace(0.0, 1.0, s) for s in self.sizes], indexing="ij")
+        mono = self._monotone.view(-1, len(self.sizes), *[1] * len(self.sizes)).float()
+        coords = torch.stack(grids)  # (D, *sizes)
+        count = mono.sum(1)
+        ramp = torch.where(count > 0, (mono * coords).sum(1) / count.clamp(min=1), 0.5)
+        noise = 0.1 * torch.randn(ramp.shape)
+        for d in range(len(self.sizes)):
+            first = noise.narrow(d + 1, 0, 1).expand_as(noise)
+            noise = torch.where(self._monotone[:, d].view_as(count), first, noise)
+        self.raw = nn.Parameter(_initial_raw(ramp, output_min is not None, 0.0, 1.0) + noise)
+
+    def vertex_values(self, dtype: torch.dtype) -> torch.Tensor:
+        """Constrained vertex values, shape (num_lattices, *sizes)."""
+        lower = upper = self.raw.to(dtype)
+        for d in range(len(self.sizes)):
+            mono = self._monotone[:, d].view(-1, *[1] * len(self.sizes))
+            dim = d + 1
+            lower = torch.where(mono, lower.cummax(dim).values, lower)
+            upper = torch.where(mono, upper.flip(dim).cummin(dim).values.flip(dim), upper)
+        return _bound((lower + upper) / 2, self.output_min, self.output_max)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Interpolates x of shape (N, num_lattices, D) into (N, num_lattices)."""
+        out_dtype, dtype = _dtypes(x, self.raw)
+        last = self._last.to(dtype)
+        x = torch.minimum(x.to(dtype).clamp(min=0), last)
+        cell = torch.minimum(x.floor(), last - 1)
+        frac = x - cell
+        base = (cell.long() * self._strides).sum(-1, keepdim=True)
+        weights = x.new_ones(*x.shape[:-1], 1)
+        for d in range(len(self.sizes)):
+            f = frac[..., d : d + 1]
+            weights = torch.cat([weights * (1 - f), weights * f], -1)
+        values = self.vertex_values(dtype).flatten(1)
+        lattice = torch.arange(values.shape[0], device=x.device).view(1, -1, 1)
+        corners = values[lattice, base + self._offsets]
+        return (weights * corners).sum(-1).to(out_dtype)
+
+
+def _check_inputs(x: torch.Tensor, num_inputs: int, what: str) -> None:
+    if x.dim() != 2 or x.shape[1] != num_inputs:
+        raise ValueError(f"{what} must have shape (N, {num_inputs}), got {tuple(x.shape)}")
+
+
+class Lattice(nn.Module):
+    """Multilinear interpolation over a grid of learned vertex values.
+
+    Input (N, D) with dimension d in [0, lattice_sizes[d] - 1] (clamped outside); output (N,).
+    ``monotonicities[d]`` is 1 for non-decreasing along d, 0 for free. Cost per sample is 2^D
+    corners, and parameters grow as prod(lattice_sizes): for more than a handful of inputs use
+    :class:`LatticeEnsemble`.
+    """
+
+    def __init__(
+        self,
+        lattice_sizes: Sequence[int],
+        monotonicities: Sequence[int],
+        output_min: float | None = None,
+        output_max: float | None = None,
+    ):
+        super().__init__()
+        sizes = [int(s) for s in lattice_sizes]
+        if not sizes or min(sizes) < 2:
+            raise ValueError(f"lattice_sizes must be a non-empty list of ints >= 2, got {sizes}")
+        mono = _check_monotonicities(monotonicities, (0, 1), len(sizes), "monotonicities")
+        self.lattice_sizes, self.monotonicities = tuple(sizes), tuple(mono)
+        self.bank = _LatticeBank(sizes, [mono], output_min, output_max)
+
+    def vertex_values(self) -> torch.Tensor:
+        """Constrained vertex values, shape lattice_sizes."""
+        dtype = torch.promote_types(self.bank.raw.dtype, torch.float32)
+        return self.bank.vertex_values(dtype)[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_inputs(x, len(self.lattice_sizes), "Lattice input")
+        return self.bank(x[:, None, :])[:, 0]
+
+
+class LatticeEnsemble(nn.Module):
+    """Average of ``num_lattices`` lattices of rank ``lattice_rank`` over subsets of the inputs.
+
+    Subsets are drawn from ``seed`` (deterministic, independent of the global RNG), balancing
+    how often each input is used, so every input appears in at least one lattice. An input that
+    is monotone is monotone-declared in every lattice that sees it, and an average of functions
+    that are monotone (or constant) in an input is monotone in it.
+    """
+
+    def __init__(
+        self,
+        num_inputs: int,
+        lattice_rank: int,
+        num_lattices: int,
+        lattice_size: int,
+        monotonicities: Sequence[int],
+        seed: int = 0,
+        output_min: float | None = None,
+        output_max: float | None = None,
+    ):
+        super().__init__()
+        if lattice_size < 2:
+            raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
+        if not 1 <= lattice_rank <= num_inputs:
+            raise ValueError(f"lattice_rank must be in [1, num_inputs={num_inputs}], got {lattice_rank}")
+        if num_lattices * lattice_rank < num_inputs:
+            raise ValueError(
+                f"num_lattices * lattice_rank = {num_lattices * lattice_rank} cannot cover "
+                f"{num_inputs} inputs"
+            )
+        mono = _check_monotonicities(monotonicities, (0, 1), num_inputs, "monotonicities")
+        self.num_inputs, self.monotonicities = num_inputs, tuple(mono)
+        generator = torch.Generator().manual_seed(seed)
+        uses = torch.zeros(num_inputs)
+        subsets = []
+        for _ in range(num_lattices):
+            # Least-used inputs first, ties broken at random.
+            chosen = (uses + torch.rand(num_inputs, generator=generator)).argsort()[:lattice_rank]
+            chosen = chosen.sort().values
+            uses[chosen] += 1
+            subsets.append(chosen)
+        self.register_buffer("input_index", torch.stack(subsets))
+        self.bank = _LatticeBank(
+            [lattice_size] * lattice_rank,
+            [[mono[i] == 1 for i in subset.tolist()] for subset in subsets],
+            output_min,
+            output_max,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_inputs(x, self.num_inputs, "LatticeEnsemble input")
+        return self.bank(x[:, self.input_index]).mean(1)
+
+
+def _small_cnn(in_channels: int, num_features: int) -> nn.Module:
+    """Three stride-2 conv/BN/ReLU stages, global average pooling and a linear head."""
+    layers, channels = [], in_channels
+    for width in (16, 32, 64):
+        layers += [
+            nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+        ]
+        channels = width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_features))
+
+
+class MonotonicRegressor(nn.Module):
+    """Image regressor that is non-decreasing in every extra scalar input, for every image.
+
+    ``model(images, monotone_inputs)``: images (N, C, H, W) go through ``backbone`` (default: a
+    small CNN; any module mapping the batch to (N, num_features) works) and are squashed into the
+    lattice domain; each column of ``monotone_inputs`` (N, M) goes through an increasing
+    calibrator (its range is ``monotone_input_range``: one (low, high) pair or one per input)
+    into a monotone lattice dimension, never into the backbone. The lattice output passes an
+    increasing output calibrator bounded by ``output_min``/``output_max`` when given (pass a range
+    a little wider than the labels so training starts sensibly). With more than
+    ``lattice_rank`` lattice inputs a :class:`LatticeEnsemble` of ``num_lattices`` lattices
+    (default: enough to use each input about twice) replaces the single lattice.
+    Returns shape (N,).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module | None = None,
+        num_features: int = 8,
+        monotone_inputs: int = 0,
+        lattice_size: int = 3,
+        in_channels: int = 3,
+        monotone_input_range: tuple[float, float] | Sequence[tuple[float, float]] = (0.0, 1.0),
+        num_keypoints: int = 10,
+        lattice_rank: int = 4,
+        num_lattices: int | None = None,
+        output_min: float | None = None,
+        output_max: float | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if num_features < 1:
+            raise ValueError(f"num_features must be >= 1, got {num_features}")
+        if monotone_inputs < 0:
+            raise ValueError(f"monotone_inputs must be >= 0, got {monotone_inputs}")
+        if lattice_size < 2:
+            raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
+        ranges = list(monotone_input_range)
+        if len(ranges) == 2 and not isinstance(ranges[0], (tuple, list)):
+            ranges = [tuple(ranges)] * monotone_inputs
+        if len(ranges) != monotone_inputs:
+            raise ValueError(
+                f"monotone_input_range has {len(ranges)} pairs for {monotone_inputs} monotone inputs"
+            )
+        self.num_features, self.num_monotone = num_features, monotone_inputs
+        self.lattice_size = lattice_size
+        self.backbone = backbone if backbone is not None else _small_cnn(in_channels, num_features)
+        self.input_calibrators = nn.ModuleList(
+            PWLCalibrator(num_keypoints, lo, hi, 1, 0.0, lattice_size - 1.0) for lo, hi in ranges
+        )
+        num_inputs = num_features + monotone_inputs
+        monotonicities = [0] * num_features + [1] * monotone_inputs
+        if num_inputs <= lattice_rank:
+            self.lattice = Lattice([lattice_size] * num_inputs, monotonicities, 0.0, 1.0)
+        else:
+            count = num_lattices or math.ceil(2 * num_inputs / lattice_rank)
+            self.lattice = LatticeEnsemble(
+                num_inputs, lattice_rank, count, lattice_size, monotonicities, seed, 0.0, 1.0
+            )
+        self.output_calibrator = PWLCalibrator(num_keypoints, 0.0, 1.0, 1, output_min, output_max)
+
+    def forward(self, images: torch.Tensor, monotone_inputs: torch.Tensor | None = None) -> torch.Tensor:
+        if self.num_monotone and monotone_inputs is None:
+            raise ValueError(f"this model needs monotone_inputs of shape (N, {self.num_monotone})")
+        features = self.backbone(images)
+        _check_inputs(features, self.num_features, "backbone output")
+        lattice_inputs = [torch.sigmoid(features) * (self.lattice_size - 1)]
+        if monotone_inputs is not None:
+            _check_inputs(monotone_inputs, self.num_monotone, "monotone_inputs")
+            if monotone_inputs.shape[0] != features.shape[0]:
+                raise ValueError(
+                    f"monotone_inputs has {monotone_inputs.shape[0]} rows for {features.shape[0]} images"
+                )
+            lattice_inputs += [
+                calibrator(monotone_inputs[:, i]).to(features.dtype)[:, None]
+                for i, calibrator in enumerate(self.input_calibrators)
+            ]
+        return self.output_calibrator(self.lattice(torch.cat(lattice_inputs, 1)))
+
+
+@torch.no_grad()
+def check_monotone(
+    model: nn.Module,
+    images: torch.Tensor,
+    monotone_inputs: torch.Tensor,
+    num_steps: int = 32,
+    sweep_range: tuple[float, float] | None = None,
+) -> float:
+    """Largest decrease of ``model(images, monotone_inputs)`` as one monotone input sweeps upward.
+
+    Each column in turn sweeps ``num_steps`` values over ``sweep_range`` (default: the column's
+    observed range widened by half its span on each side, to cover the clamped regions) while
+    the other columns keep their values, for every image. Runs in eval mode (restoring the mode
+    after). Returns 0.0 for a monotone model; a tiny positive value is floating-point rounding.
+    """
+    if monotone_inputs.dim() != 2 or monotone_inputs.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"monotone_inputs must have shape (N={images.shape[0]}, M), got {tuple(monotone_inputs.shape)}"
+        )
+    if num_steps < 2:
+        raise ValueError(f"num_steps must be >= 2, got {num_steps}")
+    was_training = model.training
+    model.eval()
+    worst = 0.0
+    try:
+        for j in range(monotone_inputs.shape[1]):
+            if sweep_range is None:
+                low, high = monotone_inputs[:, j].min().item(), monotone_inputs[:, j].max().item()
+                pad = max(high - low, 1.0) / 2
+                low, high = low - pad, high + pad
+            else:
+                low, high = sweep_range
+            outputs = []
+            for value in torch.linspace(low, high, num_steps).tolist():
+                swept = monotone_inputs.clone()
+                swept[:, j] = value
+                outputs.append(model(images, swept).float())
+            outputs = torch.stack(outputs)
+            worst = max(worst, (outputs[:-1] - outputs[1:]).max().clamp(min=0).item())
+    finally:
+        model.train(was_training)
+    return worst

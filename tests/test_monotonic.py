@@ -1,0 +1,586 @@
+"""Tests for fastload.monotonic: monotonicity by construction, interpolation, gradients, errors."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.isotonic import IsotonicRegression
+from torch import nn
+
+from fastload.monotonic import (
+    Lattice,
+    LatticeEnsemble,
+    MonotoneLinear,
+    MonotonicRegressor,
+    PWLCalibrator,
+    check_monotone,
+)
+
+PROPERTY = settings(max_examples=50, deadline=None)
+# Raw parameter scales, up to values that saturate softplus and sigmoid.
+SCALES = st.sampled_from([0.01, 1.0, 30.0, 1e4])
+
+
+def _tolerance(y: torch.Tensor, eps: float = 1e-5) -> float:
+    """Rounding allowance: the guarantee is exact in real arithmetic only."""
+    return eps * (1.0 + y.detach().abs().max().item())
+
+
+def _randomize(module: nn.Module, seed: int, scale: float) -> None:
+    """Overwrites every parameter with random values, a fifth of them at +-scale extremes."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            values = torch.randn(p.shape, generator=generator) * scale
+            extreme = torch.rand(p.shape, generator=generator) < 0.2
+            signs = torch.randint(0, 2, p.shape, generator=generator) * 2 - 1
+            p.copy_(torch.where(extreme, signs * scale, values))
+
+
+def _sweep(fn, base: torch.Tensor, dim: int, values: torch.Tensor) -> torch.Tensor:
+    """Outputs, shape (len(values), -1), of fn at each base point with column dim set to values."""
+    x = base.unsqueeze(0).repeat(len(values), 1, 1)
+    x[:, :, dim] = values[:, None].to(x.dtype)
+    return fn(x.flatten(0, 1)).reshape(len(values), -1)
+
+
+def _assert_nondecreasing(y: torch.Tensor, eps: float = 1e-5) -> None:
+    """y of shape (steps, ...) must not decrease along its first dimension."""
+    assert torch.isfinite(y).all()
+    worst = (y[:-1].float() - y[1:].float()).max().item()
+    assert worst <= _tolerance(y.float(), eps), f"output decreased by {worst}"
+
+
+def _sweep_values(low: float, high: float, generator: torch.Generator) -> torch.Tensor:
+    """Sorted probe values: every integer in [low, high] (vertices, cell faces) plus random ones."""
+    integers = torch.arange(math.ceil(low), math.floor(high) + 1, dtype=torch.float32)
+    random = low + (high - low) * torch.rand(24, generator=generator)
+    return torch.cat([integers, random]).sort().values
+
+
+def _base_points(sizes, count: int, generator: torch.Generator) -> torch.Tensor:
+    """Points inside and outside the lattice domain, half of the coordinates on integers."""
+    upper = torch.as_tensor(sizes, dtype=torch.float32)
+    x = -1 + (upper + 1) * torch.rand(count, len(sizes), generator=generator)
+    on_face = torch.rand(count, len(sizes), generator=generator) < 0.5
+    return torch.where(on_face, x.round(), x)
+
+
+# ---------------------------------------------------------------- monotone for any parameters
+
+
+@PROPERTY
+@given(
+    num_keypoints=st.integers(2, 12),
+    monotonicity=st.sampled_from([-1, 1]),
+    bounded=st.booleans(),
+    input_min=st.floats(-100, 100),
+    width=st.floats(0.01, 100),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_calibrator_is_monotone_for_any_parameters(
+    num_keypoints, monotonicity, bounded, input_min, width, scale, seed
+):
+    bounds = (-3.0, 5.0) if bounded else (None, None)
+    cal = PWLCalibrator(num_keypoints, input_min, input_min + width, monotonicity, *bounds)
+    _randomize(cal, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    outside = input_min + width * (3 * torch.rand(32, generator=generator) - 1)
+    x = torch.cat([cal.keypoints, outside]).sort().values
+    with torch.no_grad():
+        y = cal(x)
+    _assert_nondecreasing(monotonicity * y)
+    if bounded:
+        assert y.min() >= bounds[0] and y.max() <= bounds[1]
+
+
+@PROPERTY
+@given(
+    sizes=st.lists(st.integers(2, 4), min_size=1, max_size=3),
+    data=st.data(),
+    bounded=st.booleans(),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, seed):
+    mono = data.draw(st.lists(st.integers(0, 1), min_size=len(sizes), max_size=len(sizes)))
+    lattice = Lattice(sizes, mono, *((0.0, 1.0) if bounded else (None, None)))
+    _randomize(lattice, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    base = _base_points(sizes, 8, generator)
+    with torch.no_grad():
+        for d in (d for d, m in enumerate(mono) if m):
+            _assert_nondecreasing(_sweep(lattice, base, d, _sweep_values(-1, sizes[d], generator)))
+
+
+@PROPERTY
+@given(
+    num_inputs=st.integers(2, 6),
+    data=st.data(),
+    lattice_size=st.integers(2, 3),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_ensemble_is_monotone_for_any_parameters(num_inputs, data, lattice_size, scale, seed):
+    rank = data.draw(st.integers(1, min(3, num_inputs)))
+    count = math.ceil(num_inputs / rank) + data.draw(st.integers(0, 2))
+    mono = data.draw(st.lists(st.integers(0, 1), min_size=num_inputs, max_size=num_inputs))
+    ensemble = LatticeEnsemble(num_inputs, rank, count, lattice_size, mono, seed=seed)
+    _randomize(ensemble, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    base = _base_points([lattice_size] * num_inputs, 8, generator)
+    values = _sweep_values(-1, lattice_size, generator)
+    with torch.no_grad():
+        for d in (d for d, m in enumerate(mono) if m):
+            _assert_nondecreasing(_sweep(ensemble, base, d, values))
+
+
+@PROPERTY
+@given(
+    in_features=st.integers(1, 5),
+    out_features=st.integers(1, 3),
+    data=st.data(),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_monotone_linear_is_monotone_for_any_parameters(in_features, out_features, data, scale, seed):
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=in_features, max_size=in_features))
+    layer = MonotoneLinear(in_features, out_features, mono)
+    _randomize(layer, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    base = 20 * torch.rand(8, in_features, generator=generator) - 10
+    values = (20 * torch.rand(16, generator=generator) - 10).sort().values
+    with torch.no_grad():
+        for d in (d for d, m in enumerate(mono) if m):
+            _assert_nondecreasing(mono[d] * _sweep(layer, base, d, values))
+        assert ((layer.weight * torch.tensor(mono, dtype=torch.float32)) >= 0).all()
+
+
+@settings(max_examples=8, deadline=None)
+@given(bounded=st.booleans(), scale=SCALES, seed=st.integers(0, 2**16))
+def test_regressor_is_monotone_for_any_parameters(bounded, scale, seed):
+    torch.manual_seed(seed)
+    bounds = (-1.0, 4.0) if bounded else (None, None)
+    model = MonotonicRegressor(num_features=3, monotone_inputs=2, output_min=bounds[0], output_max=bounds[1])
+    _randomize(model, seed, scale)
+    images, extra = torch.randn(4, 3, 16, 16), torch.rand(4, 2)
+    with torch.no_grad():
+        y = model.eval()(images, extra)
+    assert check_monotone(model, images, extra, num_steps=16) <= _tolerance(y)
+    if bounded:
+        assert y.min() >= bounds[0] and y.max() <= bounds[1]
+
+
+# ----------------------------------------------------------------------- adversarial training
+
+
+def _make_optimizer(name: str, params):
+    return torch.optim.SGD(params, lr=1.0) if name == "sgd" else torch.optim.Adam(params, lr=1.0)
+
+
+MODULES = {
+    # name: (factory, upper end of each input column's range, monotone columns)
+    "calibrator": (lambda: PWLCalibrator(8, 0.0, 1.0, 1), [1.0], [0]),
+    "lattice": (lambda: Lattice([3, 2, 4], [1, 0, 1]), [2.0, 1.0, 3.0], [0, 2]),
+    "ensemble": (
+        lambda: LatticeEnsemble(5, 2, 4, 3, [1, 0, 1, 0, 1], seed=3),
+        [2.0] * 5,
+        [0, 2, 4],
+    ),
+    "linear": (lambda: MonotoneLinear(3, 2, [1, 0, 1]), [1.0] * 3, [0, 2]),
+}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", sorted(MODULES))
+def test_adversarial_training_cannot_break_monotonicity(kind, optimizer):
+    """Minimise f(x + step) - f(x) along monotone columns: the best it can do is flatten f."""
+    torch.manual_seed(0)
+    factory, upper, monotone_columns = MODULES[kind]
+    module, upper = factory(), torch.tensor(upper)
+    opt = _make_optimizer(optimizer, module.parameters())
+    generator = torch.Generator().manual_seed(1)
+    probe = _base_points(upper.long() + 1, 8, generator)
+    for _ in range(30):
+        x = (upper + 1) * torch.rand(64, len(upper)) - 0.5
+        loss = sum(
+            (module(x + 0.3 * nn.functional.one_hot(torch.tensor(d), len(upper))) - module(x)).mean()
+            for d in monotone_columns
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for d in monotone_columns:
+                values = _sweep_values(-1.0, upper[d].item() + 1, generator)
+                _assert_nondecreasing(_sweep(module, probe, d, values))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("num_features", [2, 5])  # a single lattice, then an ensemble
+def test_adversarial_training_cannot_break_regressor(optimizer, num_features):
+    torch.manual_seed(0)
+    model = MonotonicRegressor(num_features=num_features, monotone_inputs=2, lattice_size=3)
+    assert isinstance(model.lattice, Lattice if num_features == 2 else LatticeEnsemble)
+    opt = _make_optimizer(optimizer, model.parameters())
+    images = torch.randn(8, 3, 16, 16)
+    for _ in range(30):
+        extra = 1.4 * torch.rand(8, 2) - 0.2
+        loss = sum(
+            (
+                model(images, extra + 0.2 * nn.functional.one_hot(torch.tensor(j), 2)) - model(images, extra)
+            ).mean()
+            for j in range(2)
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            y = model.eval()(images, extra)
+        model.train()
+        assert torch.isfinite(y).all()
+        assert check_monotone(model, images, extra, num_steps=12) <= _tolerance(y)
+
+
+# ------------------------------------------------------------------------- exact interpolation
+
+
+@pytest.mark.parametrize("monotonicity", [-1, 0, 1])
+@pytest.mark.parametrize("bounds", [(None, None), (-2.0, 3.0)])
+def test_calibrator_passes_through_keypoints(monotonicity, bounds):
+    cal = PWLCalibrator(7, -2.0, 5.0, monotonicity, *bounds)
+    _randomize(cal, seed=monotonicity + 5, scale=1.0)
+    with torch.no_grad():
+        expected = cal.keypoint_outputs()
+        torch.testing.assert_close(cal(cal.keypoints), expected)
+        torch.testing.assert_close(cal(cal.keypoints[:, None]), expected[:, None])
+        # Constant outside the input range.
+        outside = cal(torch.tensor([-100.0, -2.5, 5.5, 100.0]))
+        torch.testing.assert_close(outside, expected[[0, 0, -1, -1]])
+
+
+def test_calibrator_starts_as_identity():
+    cal = PWLCalibrator(5, -1.0, 3.0, 1)
+    x = torch.linspace(-1.0, 3.0, 17)
+    torch.testing.assert_close(cal(x).detach(), x)
+
+
+@pytest.mark.parametrize("bounds", [(None, None), (0.0, 1.0)])
+def test_lattice_passes_through_vertices(bounds):
+    sizes = [3, 2, 4]
+    lattice = Lattice(sizes, [1, 0, 1], *bounds)
+    _randomize(lattice, seed=0, scale=1.0)
+    vertices = torch.tensor(list(itertools.product(*map(range, sizes))), dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(lattice(vertices), lattice.vertex_values().flatten())
+
+
+def test_lattice_matches_bilinear_formula():
+    lattice = Lattice([3, 4], [1, 1])
+    _randomize(lattice, seed=1, scale=1.0)
+    x = torch.tensor([[0.3, 2.6], [1.5, 0.2], [2.0, 1.9]])
+    with torch.no_grad():
+        v = lattice.vertex_values()
+        expected = []
+        for a, b in x.tolist():
+            i, j = min(int(a), 1), min(int(b), 2)
+            fa, fb = a - i, b - j
+            expected.append(
+                (1 - fa) * (1 - fb) * v[i, j]
+                + fa * (1 - fb) * v[i + 1, j]
+                + (1 - fa) * fb * v[i, j + 1]
+                + fa * fb * v[i + 1, j + 1]
+            )
+        torch.testing.assert_close(lattice(x), torch.stack(expected))
+
+
+def test_lattice_parametrization_is_identity_on_monotone_lattices():
+    """Any monotone lattice is reachable: the envelopes leave an already monotone one unchanged."""
+    lattice = Lattice([3, 4, 2], [1, 0, 1])
+    values = torch.randn(3, 4, 2).cummax(0).values.cummax(2).values
+    with torch.no_grad():
+        lattice.bank.raw.copy_(values[None])
+    torch.testing.assert_close(lattice.vertex_values().detach(), values)
+
+
+def test_lattice_can_represent_max():
+    """max(a, b) is monotone but submodular, out of reach of chained cumulative sums."""
+    lattice = Lattice([2, 2], [1, 1])
+    with torch.no_grad():
+        lattice.bank.raw.copy_(torch.tensor([[[0.0, 1.0], [1.0, 1.0]]]))
+        corners = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+        torch.testing.assert_close(lattice(corners), torch.tensor([0.0, 1.0, 1.0, 1.0]))
+
+
+def test_lattice_clamps_outside_the_domain():
+    lattice = Lattice([3, 3], [1, 0])
+    _randomize(lattice, seed=2, scale=1.0)
+    with torch.no_grad():
+        inside = lattice(torch.tensor([[0.0, 2.0], [2.0, 0.0], [1.0, 1.5]]))
+        outside = lattice(torch.tensor([[-5.0, 9.0], [7.0, -0.5], [1.0, 1.5]]))
+    torch.testing.assert_close(outside, inside)
+
+
+def test_ensemble_uses_every_input_and_is_deterministic():
+    mono = [1, 0, 0, 1, 0, 1, 0]
+    ensemble = LatticeEnsemble(7, 3, 5, 3, mono, seed=4)
+    index = ensemble.input_index
+    assert sorted(set(index.flatten().tolist())) == list(range(7))
+    assert all(len(set(row)) == 3 for row in index.tolist())
+    assert torch.equal(index, LatticeEnsemble(7, 3, 5, 3, mono, seed=4).input_index)
+    assert torch.equal(ensemble.bank._monotone, torch.tensor(mono, dtype=torch.bool)[index])
+
+
+def test_ensemble_averages_its_lattices():
+    ensemble = LatticeEnsemble(5, 2, 4, 3, [1, 0, 1, 0, 0], seed=1)
+    _randomize(ensemble, seed=0, scale=1.0)
+    x = 2 * torch.rand(6, 5)
+    with torch.no_grad():
+        vertex_values = ensemble.bank.vertex_values(torch.float32)
+        expected = []
+        for values, index in zip(vertex_values, ensemble.input_index.tolist()):
+            # An all-free lattice keeps its raw values as vertex values.
+            single = Lattice([3, 3], [0, 0])
+            single.bank.raw.copy_(values[None])
+            expected.append(single(x[:, index]))
+        torch.testing.assert_close(ensemble(x), torch.stack(expected).mean(0))
+
+
+# ----------------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("monotonicity", [-1, 0, 1])
+@pytest.mark.parametrize("bounds", [(None, None), (-1.0, 2.0)])
+def test_calibrator_gradcheck(monotonicity, bounds):
+    torch.manual_seed(0)
+    cal = PWLCalibrator(6, -1.0, 4.0, monotonicity, *bounds).double()
+    spacing = 1.0
+    x = torch.cat([cal.keypoints[:-1] + 0.37 * spacing, torch.tensor([-3.0, 6.0], dtype=torch.float64)])
+    raw = torch.randn(6, dtype=torch.float64)
+
+    def fn(x, raw):
+        return torch.func.functional_call(cal, {"raw": raw}, (x,))
+
+    assert torch.autograd.gradcheck(fn, (x.requires_grad_(), raw.requires_grad_()))
+
+
+@pytest.mark.parametrize("module", ["lattice", "ensemble"])
+def test_lattice_gradcheck(module):
+    torch.manual_seed(0)
+    if module == "lattice":
+        model, num_inputs, size = Lattice([3, 2, 4], [1, 0, 1]).double(), 3, 4
+    else:
+        model, num_inputs, size = LatticeEnsemble(4, 2, 3, 3, [1, 0, 1, 0]).double(), 4, 3
+    sizes = model.bank.sizes if module == "lattice" else [size] * num_inputs
+    upper = torch.tensor(sizes, dtype=torch.float64) - 1
+    # Away from cell faces, where the interpolant has kinks.
+    cell = (torch.rand(5, num_inputs, dtype=torch.float64) * upper).floor()
+    x = cell + 0.1 + 0.8 * torch.rand(5, num_inputs, dtype=torch.float64)
+    raw = torch.randn(model.bank.raw.shape, dtype=torch.float64)
+
+    def fn(x, raw):
+        return torch.func.functional_call(model, {"bank.raw": raw}, (x,))
+
+    assert torch.autograd.gradcheck(fn, (x.requires_grad_(), raw.requires_grad_()))
+
+
+# ---------------------------------------------------------------------------- isotonic fitting
+
+
+def test_calibrator_fit_matches_isotonic_regression():
+    """With one keypoint per distinct x, the calibrator's value at each x is a free monotone
+    sequence, so least squares over it is exactly isotonic regression (flat runs are only
+    approached, as increments are softplus > 0)."""
+    torch.manual_seed(0)
+    sigma = 0.1
+    cal = PWLCalibrator(30, 0.0, 1.0, 1).double()
+    x = cal.keypoints.repeat(4)
+    y = torch.where(x < 0.5, x, 1.0 + 0.2 * x) + sigma * torch.randn_like(x)
+    opt = torch.optim.LBFGS(
+        cal.parameters(),
+        max_iter=300,
+        history_size=50,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        opt.zero_grad()
+        loss = ((cal(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    isotonic = IsotonicRegression().fit(x.numpy(), y.numpy()).predict(x.numpy())
+    difference = np.abs(cal(x).detach().numpy() - isotonic)
+    assert difference.mean() < 0.02 * sigma
+    assert difference.max() < 0.2 * sigma
+
+
+# -------------------------------------------------------------------------------------- bfloat16
+
+
+@pytest.mark.parametrize("kind", sorted(MODULES))
+def test_bfloat16_forward_is_monotone(kind):
+    """Interpolation runs in float32, so a bfloat16 module gives the float32 result rounded."""
+    torch.manual_seed(0)
+    factory, upper, monotone_columns = MODULES[kind]
+    module = factory().bfloat16()
+    _randomize(module, seed=0, scale=1.0)
+    generator = torch.Generator().manual_seed(0)
+    base = _base_points(torch.tensor(upper).long() + 1, 8, generator).bfloat16()
+    with torch.no_grad():
+        for d in monotone_columns:
+            values = _sweep_values(-1.0, upper[d] + 1, generator).bfloat16()
+            y = _sweep(module, base, d, values)
+            assert y.dtype == torch.bfloat16
+            _assert_nondecreasing(y, eps=1e-2)
+            reference = _sweep(module.float(), base.float(), d, values.float())
+            module.bfloat16()
+            torch.testing.assert_close(y.float(), reference, rtol=1e-2, atol=1e-2)
+
+
+def test_float32_module_promotes_bfloat16_input():
+    cal = PWLCalibrator(4, 0.0, 1.0, 1)
+    assert cal(torch.rand(5, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_bfloat16_regressor_is_monotone():
+    torch.manual_seed(0)
+    model = MonotonicRegressor(num_features=4, monotone_inputs=2, output_min=0.0, output_max=10.0)
+    model.bfloat16().eval()
+    images, extra = torch.randn(4, 3, 16, 16).bfloat16(), torch.rand(4, 2).bfloat16()
+    with torch.no_grad():
+        y = model(images, extra)
+    assert y.dtype == torch.bfloat16 and y.shape == (4,)
+    assert check_monotone(model, images, extra, num_steps=16) <= _tolerance(y.float(), 1e-2)
+
+
+# --------------------------------------------------------------------------- MonotonicRegressor
+
+
+class _Recorder(nn.Module):
+    """Backbone that remembers what it was given."""
+
+    def __init__(self, num_features: int):
+        super().__init__()
+        self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_features))
+        self.seen = []
+
+    def forward(self, images):
+        self.seen.append(images)
+        return self.head(images)
+
+
+def test_regressor_keeps_monotone_inputs_out_of_the_backbone():
+    backbone = _Recorder(num_features=3)
+    model = MonotonicRegressor(backbone, num_features=3, monotone_inputs=2)
+    images = torch.randn(5, 1, 8, 8)
+    y = model(images, torch.rand(5, 2))
+    assert y.shape == (5,)
+    assert len(backbone.seen) == 1 and backbone.seen[0] is images
+    assert isinstance(model.lattice, LatticeEnsemble)
+    covered = set(model.lattice.input_index.flatten().tolist())
+    assert {3, 4} <= covered
+
+
+def test_regressor_without_monotone_inputs():
+    model = MonotonicRegressor(num_features=2, in_channels=1, output_min=5.0, output_max=6.0)
+    y = model(torch.randn(3, 1, 16, 16))
+    assert y.shape == (3,) and ((y > 5.0) & (y < 6.0)).all()
+
+
+def test_regressor_monotone_input_ranges_per_input():
+    model = MonotonicRegressor(
+        num_features=2, monotone_inputs=2, monotone_input_range=[(0.0, 1.0), (-50.0, 50.0)]
+    )
+    assert [c.input_max for c in model.input_calibrators] == [1.0, 50.0]
+
+
+def test_check_monotone_detects_a_decreasing_model():
+    class Decreasing(nn.Module):
+        def forward(self, images, extra):
+            return images.flatten(1).sum(1) - 2.0 * extra[:, 1]
+
+    model = Decreasing().train()
+    worst = check_monotone(
+        model, torch.zeros(3, 1, 2, 2), torch.zeros(3, 2), num_steps=5, sweep_range=(0.0, 1.0)
+    )
+    assert worst == pytest.approx(0.5)
+    assert model.training
+
+
+# ---------------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: PWLCalibrator(1, 0.0, 1.0), "num_keypoints"),
+        (lambda: PWLCalibrator(5, 1.0, 1.0), "input_min"),
+        (lambda: PWLCalibrator(5, 2.0, 1.0), "input_min"),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 2), "monotonicity"),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0), "together"),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 1.0, 1.0), "output_min"),
+        (lambda: MonotoneLinear(3, 2, [1, 2, 0]), "monotonicities"),
+        (lambda: MonotoneLinear(3, 2, [1, 0]), "3"),
+        (lambda: MonotoneLinear(0, 2, 1), "in_features"),
+        (lambda: Lattice([3, 1], [1, 0]), "lattice_sizes"),
+        (lambda: Lattice([], []), "lattice_sizes"),
+        (lambda: Lattice([3, 3], [1]), "monotonicities"),
+        (lambda: Lattice([3, 3], [1, -1]), "monotonicities"),
+        (lambda: Lattice([3, 3], [1, 0], 1.0, None), "together"),
+        (lambda: LatticeEnsemble(6, 2, 2, 3, [0] * 6), "cover"),
+        (lambda: LatticeEnsemble(3, 4, 2, 3, [0] * 3), "lattice_rank"),
+        (lambda: LatticeEnsemble(3, 2, 2, 1, [0] * 3), "lattice_size"),
+        (lambda: LatticeEnsemble(3, 2, 2, 3, [0, 2, 1]), "monotonicities"),
+        (lambda: MonotonicRegressor(num_features=0), "num_features"),
+        (lambda: MonotonicRegressor(lattice_size=1), "lattice_size"),
+        (lambda: MonotonicRegressor(monotone_inputs=-1), "monotone_inputs"),
+        (
+            lambda: MonotonicRegressor(monotone_inputs=2, monotone_input_range=[(0.0, 1.0)]),
+            "monotone_input_range",
+        ),
+    ],
+)
+def test_bad_arguments_raise_value_error(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("module", "x"),
+    [
+        (PWLCalibrator(4, 0.0, 1.0), torch.rand(5, 2)),
+        (PWLCalibrator(4, 0.0, 1.0), torch.rand(5, 1, 1)),
+        (Lattice([3, 3], [1, 0]), torch.rand(5, 3)),
+        (Lattice([3, 3], [1, 0]), torch.rand(5)),
+        (LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1]), torch.rand(5, 3)),
+    ],
+)
+def test_wrong_input_shapes_raise_value_error(module, x):
+    with pytest.raises(ValueError, match="shape"):
+        module(x)
+
+
+def test_regressor_wrong_inputs_raise_value_error():
+    model = MonotonicRegressor(num_features=2, monotone_inputs=2)
+    images = torch.randn(4, 3, 16, 16)
+    with pytest.raises(ValueError, match="monotone_inputs"):
+        model(images)
+    with pytest.raises(ValueError, match="monotone_inputs"):
+        model(images, torch.rand(4, 3))
+    with pytest.raises(ValueError, match="rows"):
+        model(images, torch.rand(3, 2))
+    with pytest.raises(ValueError, match="backbone output"):
+        MonotonicRegressor(nn.Flatten(), num_features=2)(images)
+    with pytest.raises(ValueError, match="monotone_inputs"):
+        check_monotone(model, images, torch.rand(4))
