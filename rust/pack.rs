@@ -110,10 +110,6 @@ impl Decoder {
         Ok(Decoder { spec, pool })
     }
 
-    pub fn spec(&self) -> &ResizeSpec {
-        &self.spec
-    }
-
     /// Threads that decode.
     pub fn num_threads(&self) -> usize {
         self.pool
@@ -192,16 +188,14 @@ fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
 }
 
 /// Decodes an encoded image to RGB with its EXIF orientation applied.
-pub fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
-    let reader = ImageReader::new(Cursor::new(bytes))
+fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
+    let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| format!("cannot read: {e}"))?;
-    let format = reader.format();
-    if format == Some(ImageFormat::Jpeg) && jpeg_is_truncated(bytes) {
+    if reader.format() == Some(ImageFormat::Jpeg) && jpeg_is_truncated(bytes) {
         // The JPEG decoder fills a missing tail with grey instead of failing.
         return Err("truncated JPEG: the file ends inside the image data".into());
     }
-    let mut reader = reader;
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_DECODE_ALLOC);
     reader.limits(limits);
@@ -231,12 +225,13 @@ pub fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
 /// and 0xFFD9 (end of image) occur only as markers; an embedded EXIF thumbnail's own
 /// markers come before the main image's scans and do not hide a cut tail.
 fn jpeg_is_truncated(bytes: &[u8]) -> bool {
-    let last = |marker: u8| bytes.windows(2).rposition(|w| w == [0xFF, marker]);
-    match (last(0xDA), last(0xD9)) {
-        (Some(scan), Some(end)) => end < scan,
-        (Some(_), None) => true,
-        (None, _) => false, // no scan at all: the decoder reports that
-    }
+    let marker = |m: u8| move |w: &[u8]| w == [0xFF, m];
+    // Searched from the end: a whole file usually ends with the end-of-image marker.
+    let after_last_end = match bytes.windows(2).rposition(marker(0xD9)) {
+        Some(end) => &bytes[end..],
+        None => bytes,
+    };
+    after_last_end.windows(2).any(marker(0xDA))
 }
 
 fn describe(err: ImageError) -> String {
@@ -269,7 +264,7 @@ fn composite(rgba: RgbaImage, background: [u8; 3]) -> RgbImage {
 
 /// Size and position of a `src_w` × `src_h` image scaled to fit inside `width` × `height`
 /// with its aspect ratio kept: (x, y, w, h). Rounds like Pillow's `ImageOps.pad`.
-pub fn pad_geometry(src_w: u32, src_h: u32, width: u32, height: u32) -> (u32, u32, u32, u32) {
+fn pad_geometry(src_w: u32, src_h: u32, width: u32, height: u32) -> (u32, u32, u32, u32) {
     let image_ratio = f64::from(src_w) / f64::from(src_h);
     let dest_ratio = f64::from(width) / f64::from(height);
     let scaled = |x: f64| (x.round_ties_even() as u32).max(1);
@@ -396,6 +391,23 @@ mod tests {
         assert!(decode_rgb(&jpeg).is_ok());
         let err = decode_rgb(&jpeg[..jpeg.len() * 2 / 3]).unwrap_err();
         assert!(err.contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn jpeg_truncation_is_judged_after_the_last_scan() {
+        let thumbnail = [0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF, 0xD9];
+        let whole = [
+            &[0xFF, 0xD8][..],
+            &thumbnail,
+            &[0xFF, 0xDA, 3, 0xFF, 0x00, 4, 0xFF, 0xD9],
+        ]
+        .concat();
+        assert!(!jpeg_is_truncated(&whole));
+        assert!(!jpeg_is_truncated(
+            &[&whole[..], b"trailing bytes"].concat()
+        ));
+        assert!(jpeg_is_truncated(&whole[..whole.len() - 2]));
+        assert!(jpeg_is_truncated(&whole[..whole.len() - 5]));
     }
 
     #[test]

@@ -212,6 +212,18 @@ def test_class_folders_give_class_indices_and_names(tmp_path):
     assert progress[-1] == (4, 4) and report.records == 4
 
 
+def test_verify_names_the_source_of_a_damaged_record(tmp_path):
+    src = photo_folder(tmp_path / "src", ["c/a.png", "c/b.png", "d/c.png"])
+    path = fastload.pack(src, tmp_path / "s.fl", 8).path
+    stride = fastload.Store(path)._core.stride
+    with open(path, "r+b") as f:  # flip one byte of record 1's image (the image section starts at 4096)
+        f.seek(4096 + stride + 5)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert fastload.store.verify(path) == [(1, "c/b.png")]
+
+
 def test_repacking_gives_identical_sections(tmp_path):
     src = photo_folder(tmp_path / "src", [f"c{i % 3}/{i}.png" for i in range(40)], size=24)
     first = fastload.Store(fastload.pack(src, tmp_path / "1.fl", 16, resize="pad", workers=2).path)
@@ -262,7 +274,7 @@ def test_bad_files_are_skipped_with_their_reason(tmp_path):
     for name, part in expected.items():
         assert part in reasons[name], (name, reasons[name])
     assert {s["file"]: s["reason"] for s in store.meta["skipped"]} == reasons
-    assert "bomb.png" in str(report) and "1 images" in str(report)
+    assert "bomb.png" in str(report) and "packed 1 image " in str(report)
 
 
 def test_strict_names_every_bad_file_and_writes_nothing(tmp_path):
@@ -333,10 +345,15 @@ def test_cli_exit_codes(tmp_path, capsys):
     bad_folder(tmp_path / "src")
     assert cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "s.fl"), "--size", "16", "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "packed 1 images" in out and "c/notes.txt: not an image" in out
+    assert "packed 1 image " in out and "c/notes.txt: not an image" in out
     assert cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "t.fl"), "--strict", "--quiet"]) == 1
     assert "c/bomb.png" in capsys.readouterr().err and not (tmp_path / "t.fl").exists()
     assert cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "s.fl")]) == 1  # exists
+    assert cli_main(["pack", str(tmp_path / "nowhere"), str(tmp_path / "n.fl")]) == 1
+    (tmp_path / "no_images" / "c").mkdir(parents=True)
+    (tmp_path / "no_images" / "c" / "notes.txt").write_text("text")
+    assert cli_main(["pack", str(tmp_path / "no_images"), str(tmp_path / "n.fl")]) == 1
+    assert "none of the 1 image(s) could be packed" in capsys.readouterr().err
     for usage in (["--resize", "stretch"], ["--size", "0"], ["--fill", "1,2"], ["--workers", "x"]):
         with pytest.raises(SystemExit) as exit_:
             cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "u.fl"), *usage])

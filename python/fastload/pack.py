@@ -69,8 +69,8 @@ class PackReport:
     def __str__(self) -> str:
         h, w, c = self.shape
         lines = [
-            f"packed {self.records:,} images ({h}x{w}x{c}) into {self.path} "
-            f"({self.store_bytes / 1e9:,.3f} GB) in {self.seconds:.1f} s: "
+            f"packed {self.records:,} image{'' if self.records == 1 else 's'} ({h}x{w}x{c}) into {self.path} "
+            f"({_megabytes(self.store_bytes)}) in {self.seconds:.1f} s: "
             f"{self.files_per_second:,.0f} files/s, {self.mb_per_second:,.1f} MB/s read"
         ]
         if self.skipped:
@@ -82,6 +82,10 @@ class PackReport:
 
 #: Reason recorded for images left out by `skip_unlabelled`: a choice, so not a bad file for `strict`.
 UNLABELLED_SKIPPED = "no label (skipped by request)"
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def _display(name: str) -> str:
@@ -223,8 +227,60 @@ def _read_label_csv(
     return labels, label_dtype
 
 
-def _check_paths(src: Path, dest: Path, labels: Optional[Path]) -> None:
-    """Refuses a missing source, and a store written inside the folder it packs."""
+def _find_labels(
+    src: Path,
+    csv_path: Optional[Path],
+    files: List[str],
+    skipped: List[Tuple[str, str]],
+    top_folders: List[str],
+    label_dtype: Optional[str],
+) -> Tuple[Dict[str, Union[int, float]], str, Optional[List[str]], str]:
+    """Labels by relative path (from the CSV, else from the class folders `top_folders`),
+    the label dtype, the class names (None for a CSV), and where a missing label should
+    have come from."""
+    if csv_path is not None:
+        listed = set(files).union(name for name, _ in skipped)
+        by_path, label_dtype = _read_label_csv(csv_path, src, listed, label_dtype)
+        return by_path, label_dtype, None, f"{csv_path.name} has no row for them"
+    class_names = top_folders
+    if not class_names:
+        raise ValueError(
+            f"{src}: no labels. Either pass a CSV of `relative/path,label` rows "
+            "(labels=... / --labels FILE.csv), or put the images in one subfolder per class "
+            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order)"
+        )
+    index = {name: i for i, name in enumerate(class_names)}
+    by_path = {f: index[f.split("/", 1)[0]] for f in files if "/" in f}
+    return by_path, label_dtype or "int64", class_names, f"they lie directly in {src}, outside any class folder"
+
+
+def _split_unlabelled(
+    files: List[str], by_path: dict, skip_unlabelled: bool, hint: str
+) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """The labelled files to decode, and the unlabelled ones with why they are left out.
+    An unlabelled file with an image extension is an error unless `skip_unlabelled`."""
+    todo, left_out, unlabelled = [], [], []
+    for f in files:
+        if f in by_path:
+            todo.append(f)
+        elif os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS:
+            unlabelled.append(f)
+            left_out.append((f, UNLABELLED_SKIPPED))
+        else:
+            left_out.append((f, "not an image file (no label, no image extension)"))
+    if unlabelled and not skip_unlabelled:
+        raise ValueError(
+            f"{len(unlabelled)} image(s) have no label: {hint}. Label them, or pass "
+            f"skip_unlabelled=True (--skip-unlabelled) to leave them out:{_listed(unlabelled)}"
+        )
+    return todo, left_out
+
+
+def _check_paths(src: Path, dest: Path, labels: Optional[Path], overwrite: bool) -> None:
+    """Refuses a missing source, an existing store (before any work), and a store written
+    inside the folder it packs."""
+    if not overwrite and os.path.lexists(dest):
+        raise FileExistsError(f"{dest}: already exists (pass overwrite=True or --overwrite to replace it)")
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such folder")
     if not src.is_dir():
@@ -338,45 +394,18 @@ def pack(
         raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int, not {workers!r}")
-    _check_paths(src, dest, csv_path)
+    _check_paths(src, dest, csv_path, overwrite)
 
     exclude = None
     if csv_path is not None and Path(os.path.realpath(csv_path)).is_relative_to(os.path.realpath(src)):
         exclude = Path(os.path.relpath(os.path.realpath(csv_path), os.path.realpath(src))).as_posix()
     files, skipped, top_folders = _walk(src, exclude)
 
-    class_names: Optional[List[str]] = None
-    if csv_path is not None:
-        listed = set(files).union(name for name, _ in skipped)
-        by_path, label_dtype = _read_label_csv(csv_path, src, listed, label_dtype)
-        where = f"{csv_path.name} has no row for them"
-    elif top_folders:
-        class_names = top_folders
-        index = {name: i for i, name in enumerate(class_names)}
-        by_path = {f: index[f.split("/", 1)[0]] for f in files if "/" in f}
-        label_dtype = label_dtype or "int64"
-        where = f"they lie directly in {src}, outside any class folder"
-    else:
-        raise ValueError(
-            f"{src}: no labels. Either pass a CSV of `relative/path,label` rows "
-            "(labels=... / --labels FILE.csv), or put the images in one subfolder per class "
-            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order)"
-        )
-
-    unlabelled = [f for f in files if f not in by_path and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
-    if unlabelled and not skip_unlabelled:
-        raise ValueError(
-            f"{len(unlabelled)} image(s) have no label: {where}. Label them, or pass "
-            f"skip_unlabelled=True (--skip-unlabelled) to leave them out:{_listed(unlabelled)}"
-        )
-    skipped += [(f, UNLABELLED_SKIPPED) for f in unlabelled]
-    unlabelled_set = set(unlabelled)
-    skipped += [
-        (f, "not an image file (no label, no image extension)")
-        for f in files
-        if f not in by_path and f not in unlabelled_set
-    ]
-    todo = [f for f in files if f in by_path]
+    by_path, label_dtype, class_names, unlabelled_hint = _find_labels(
+        src, csv_path, files, skipped, top_folders, label_dtype
+    )
+    todo, left_out = _split_unlabelled(files, by_path, skip_unlabelled, unlabelled_hint)
+    skipped += left_out
     if not todo:
         raise ValueError(f"{src}: no images to pack" + (_listed([f"{n}: {r}" for n, r in skipped]) if skipped else ""))
 
