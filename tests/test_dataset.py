@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import fastload.dataset
 from fastload import FastLoadDataset, Store, StoreError, StoreWriter, split_indices, to_device
 from fastload.dataset import RankPlan, epoch_order
 
@@ -189,6 +190,21 @@ def test_held_batches_are_never_overwritten(store_path):
         )
         np.testing.assert_array_equal(np.asarray(labels), expected_labels[: len(labels)])
     assert len(set(addresses)) < len(addresses)  # buffers of dropped batches were reused
+
+
+def test_later_epochs_allocate_no_buffers(store_path, monkeypatch):
+    allocations = []
+    allocate = fastload.dataset._BufferPool._allocate
+    monkeypatch.setattr(
+        fastload.dataset._BufferPool, "_allocate", lambda pool: allocations.append(1) or allocate(pool)
+    )
+    ds = FastLoadDataset(store_path, 4)
+    for _ in ds:
+        pass
+    first = len(allocations)
+    for _ in ds:
+        pass
+    assert 0 < first < len(ds) and len(allocations) == first
 
 
 def test_worker_batches_stay_valid_when_held(store_path):

@@ -319,6 +319,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             self.path = _fspath(store, "store")
             self._store = Store(self.path)
         self._store_pid = os.getpid()
+        self._pool: Optional[_BufferPool] = None
         self.batch_size = _positive_int(batch_size, "batch_size")
         if order is None:
             order = "random" if shuffle else "sequential"
@@ -385,14 +386,26 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict:
         # Pickles by path: each process maps the store itself.
         state = self.__dict__.copy()
-        state["_store"] = None
+        state["_store"] = state["_pool"] = None
         state["_progress"] = None
         return state
 
     def _open(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():
             self._store, self._store_pid = Store(self.path), os.getpid()
+            self._pool = None
         return self._store
+
+    def _buffers(self, store: Store, worker: bool) -> _BufferPool:
+        """A worker's fresh pool, or the main process's pool, kept across epochs so that
+        steady state allocates (and pins) nothing."""
+        if worker:
+            return _BufferPool(self.batch_size, store.shape, store.label_dtype, pin=False, worker=True)
+        if self._pool is None:
+            self._pool = _BufferPool(
+                self.batch_size, store.shape, store.label_dtype, self.pin_memory, worker=False
+            )
+        return self._pool
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`)."""
@@ -466,13 +479,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         )
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
         batches = [self._plan.batch(order, k) for k in range(start + worker_id, len(self._plan), num_workers)]
-        pool = _BufferPool(
-            self.batch_size,
-            store.shape,
-            store.label_dtype,
-            self.pin_memory and worker is None,
-            worker is not None,
-        )
+        pool = self._buffers(store, worker is not None)
         progress = None
         if worker is None:
             progress = self._progress = [epoch, start]
