@@ -3,6 +3,7 @@ bad input, determinism, interruption and exit codes. Fixtures are tiny images ma
 
 from __future__ import annotations
 
+import os
 import signal
 import struct
 import subprocess
@@ -210,6 +211,14 @@ def test_class_folders_give_class_indices_and_names(tmp_path):
     assert store.labels.tolist() == [0, 0, 1, 2] and store.label_dtype == np.int64
     assert store.meta["pack"]["resize"] == "crop" and store.meta["skipped"] == []
     assert progress[-1] == (4, 4) and report.records == 4
+
+
+def test_a_file_name_that_is_not_utf8_packs(tmp_path):
+    (tmp_path / "src" / "c").mkdir(parents=True)
+    name = os.fsdecode(b"bad\xffname.png")  # a byte that is not UTF-8 (Linux allows it)
+    Image.fromarray(gradient(8, 8)).save(tmp_path / "src" / "c" / name, format="PNG")
+    store = fastload.Store(fastload.pack(tmp_path / "src", tmp_path / "s.fl", 8).path)
+    assert store.meta["sources"] == ["c/bad\ufffdname.png"] and len(store) == 1
 
 
 def test_verify_names_the_source_of_a_damaged_record(tmp_path):
