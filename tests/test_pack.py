@@ -333,6 +333,14 @@ def test_no_labels_at_all_explains_both_ways(tmp_path):
     assert "labels" in str(err.value) and "subfolder per class" in str(err.value)
 
 
+def test_too_many_names_for_the_metadata_fail_before_decoding(tmp_path, monkeypatch):
+    src = photo_folder(tmp_path / "src", [f"c/{i}.png" for i in range(20)])
+    monkeypatch.setattr(fastload._core, "MAX_META_LEN", 100)
+    with pytest.raises(ValueError, match="metadata limit; pack the folder as several stores"):
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert list(tmp_path.iterdir()) == [src]
+
+
 def test_destination_rules(tmp_path):
     src = photo_folder(tmp_path / "src", ["c/a.png"])
     dest = tmp_path / "s.fl"

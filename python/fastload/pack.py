@@ -408,6 +408,13 @@ def pack(
     skipped += left_out
     if not todo:
         raise ValueError(f"{src}: no images to pack" + (_listed([f"{n}: {r}" for n, r in skipped]) if skipped else ""))
+    # Every file name goes into the metadata: find out now, not after hours of decoding, if they fit.
+    names_bytes = sum(len(_display(f).encode()) + 4 for f in files) + sum(len(n) + 64 for n, _ in skipped)
+    if names_bytes > _core.MAX_META_LEN:
+        raise ValueError(
+            f"{src}: the names of {len(files):,} files take about {names_bytes / 2**20:,.0f} MiB, over the store's "
+            f"{_core.MAX_META_LEN >> 20} MiB metadata limit; pack the folder as several stores"
+        )
 
     decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
     chunk = FILES_PER_THREAD * decoder.num_threads
