@@ -109,6 +109,57 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from fastload import train
+
+    result = train.fit(
+        args.store,
+        val=args.val,
+        val_fraction=args.val_fraction,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        device=args.device,
+        amp=args.amp,
+        workers=args.workers,
+        seed=args.seed,
+        checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        monotone_inputs=args.monotone_inputs,
+        val_monotone_inputs=args.val_monotone_inputs,
+        backbone=args.backbone,
+        size=args.size,
+        max_steps=args.max_steps,
+        threads=args.threads,
+        log=train.epoch_logger(json_lines=args.json, json_log=args.json_log),
+    )
+    if not result.completed:
+        resume = f"; continue with --resume {args.checkpoint}" if args.checkpoint else ""
+        print(f"fastload train: stopped after {result.steps} steps (--max-steps){resume}", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from fastload import demo
+
+    report = demo.run(
+        workdir=args.dir,
+        images=args.images,
+        size=args.size,
+        epochs=args.epochs,
+        device=args.device,
+        quick=args.quick,
+        seed=args.seed,
+        quiet=args.json,
+    )
+    if args.json:
+        print(json.dumps(report))
+    for problem in report["problems"]:
+        print(f"fastload demo: error: {problem}", file=sys.stderr)
+    return 0 if report["passed"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastload", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
@@ -172,6 +223,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
     p.add_argument("--quiet", action="store_true", help="no table and no progress lines")
     p.set_defaults(run=_cmd_bench)
+
+    p = sub.add_parser(
+        "train",
+        help="train a monotonic image regressor on a store's float64 labels; report loss, RMSE and data wait",
+        description="Per epoch: train loss, validation MAE/RMSE, images/s and the data-wait fraction "
+        "(the share of step time spent waiting for the next batch: near 0 means the loader keeps up).",
+    )
+    p.add_argument("store")
+    val = p.add_mutually_exclusive_group()
+    val.add_argument("--val", metavar="STORE", help="a separate validation store")
+    val.add_argument("--val-fraction", type=float, default=0.1, help="share of STORE held out (default 0.1)")
+    p.add_argument("--epochs", type=int, default=10, help="default 10")
+    p.add_argument("--batch-size", type=int, default=64, help="default 64")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off", help="mixed precision")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers; 0 = Rust threads only")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", metavar="PATH", help="save here at every epoch end (atomically)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="also save every N steps")
+    p.add_argument("--resume", metavar="PATH", help="continue a run from its checkpoint, mid-epoch included")
+    p.add_argument("--max-steps", type=int, metavar="N", help="stop (and save) after N steps in total")
+    p.add_argument(
+        "--monotone-inputs",
+        metavar="NPY",
+        help=".npy of per-record scalars aligned with STORE, shape (N,) or (N, K): the model never "
+        "predicts less when one of them rises",
+    )
+    p.add_argument("--val-monotone-inputs", metavar="NPY", help="the same for the --val store")
+    p.add_argument("--backbone", choices=("small-cnn", "resnet18"), default="small-cnn", help="(needs torchvision)")
+    p.add_argument("--size", type=int, help="downscale images to SIZExSIZE on the device before the backbone")
+    p.add_argument("--json", action="store_true", help="print one JSON line per epoch instead of text")
+    p.add_argument("--json-log", metavar="PATH", help="append one JSON line per epoch to PATH")
+    p.set_defaults(run=_cmd_train)
+
+    p = sub.add_parser(
+        "demo",
+        help="pack, load and train on generated photos with a known answer; exit 1 if the model fails",
+        description="Writes photo-like images whose label is a known monotone function of their brightness "
+        "and of a per-record exposure, packs them, compares loaders, trains a monotonic regressor and "
+        "checks its guarantee. Works in a temporary directory unless --dir is given.",
+    )
+    p.add_argument("--dir", metavar="DIR", help="work (and keep the files) here")
+    p.add_argument("--images", type=int, help="number of images (default 2400; 600 with --quick)")
+    p.add_argument("--size", type=int, help="record side in pixels (default 64; 48 with --quick)")
+    p.add_argument("--epochs", type=int, help="training epochs (default 12; 8 with --quick)")
+    p.add_argument("--quick", action="store_true", help="a smaller run, under a minute on 2 cores")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of text")
+    p.set_defaults(run=_cmd_demo)
     return parser
 
 

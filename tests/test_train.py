@@ -1,0 +1,192 @@
+"""`fastload.train.fit` and `fastload train`: metrics, learning, exact resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fastload import cli
+from fastload.monotonic import check_monotone
+from fastload.store import Store, StoreWriter
+from fastload.train import fit, prepare_images
+
+COUNT, SIDE = 200, 16
+# One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region
+# otherwise waits for a descheduled thread (tens of times slower).
+FAST = dict(batch_size=16, lr=1e-2, device="cpu", threads=1)
+STEPS_PER_EPOCH = math.ceil(180 / 16)  # 10% of the 200 records are held out for validation
+
+
+def _images_and_labels(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    gain = rng.uniform(0.1, 1.0, COUNT)
+    images = (rng.uniform(0, 255, (COUNT, SIDE, SIDE, 3)) * gain[:, None, None, None]).astype(np.uint8)
+    return images, images.reshape(COUNT, -1).mean(1) / 255.0  # label: mean brightness
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("train") / "bright.fastload"
+    images, labels = _images_and_labels()
+    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
+        writer.extend(images, labels)
+    return path
+
+
+@pytest.fixture(scope="module")
+def exposure_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inputs") / "exposure.npy"
+    np.save(path, np.random.default_rng(1).uniform(0, 1, COUNT))
+    return path
+
+
+def test_fit_reports_finite_metrics_and_learns(store_path):
+    logged = []
+    result = fit(store_path, epochs=3, log=logged.append, **FAST)
+    assert result.completed and len(result.history) == 3 and logged == result.history
+    for metrics in result.history:
+        for key in ("train_loss", "val_mae", "val_rmse", "images_per_s", "data_wait_fraction", "seconds"):
+            assert math.isfinite(metrics[key]), key
+        assert metrics["images_per_s"] > 0 and 0 <= metrics["data_wait_fraction"] <= 1
+        assert metrics["device"] == "cpu" and "gpu_max_memory_bytes" not in metrics
+    losses = [m["train_loss"] for m in result.history]
+    assert losses[-1] < losses[0]
+    assert result.history[-1]["val_rmse"] < result.baseline_rmse
+    assert result.steps == 3 * STEPS_PER_EPOCH and len(result.val_indices) == 20
+
+
+def test_output_range_starts_from_the_labels(store_path):
+    result = fit(store_path, epochs=1, max_steps=1, **FAST)
+    labels = np.asarray(Store(store_path).labels)
+    low, high = result.config["output_range"]
+    assert low < labels.min() and high > labels.max() and high - low < 2 * np.ptp(labels)
+
+
+def _parameters(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_mid_epoch_gives_identical_parameters(store_path, exposure_path, tmp_path):
+    options = dict(epochs=2, monotone_inputs=exposure_path, deterministic=True, **FAST)
+    straight = fit(store_path, **options)
+
+    ckpt = tmp_path / "run.ckpt"
+    middle_of_epoch_1 = STEPS_PER_EPOCH + STEPS_PER_EPOCH // 2
+    stopped = fit(store_path, checkpoint=ckpt, max_steps=middle_of_epoch_1, **options)
+    assert not stopped.completed and stopped.steps == middle_of_epoch_1 and len(stopped.history) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no partial files left behind
+    # Disturb the global RNGs: resuming must restore them.
+    torch.manual_seed(1234)
+    np.random.seed(99)
+    resumed = fit(store_path, resume=ckpt, checkpoint=ckpt, **options)
+    assert resumed.completed and resumed.steps == straight.steps
+
+    # CPU kernels are deterministic here, and the resumed run replays exactly the remaining
+    # batches with the same optimizer, BatchNorm and RNG state: bitwise equality, no tolerance.
+    a, b = _parameters(straight.model), _parameters(resumed.model)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    for key in ("train_loss", "val_rmse", "val_mae"):
+        assert straight.history[-1][key] == resumed.history[-1][key]
+
+
+def test_monotone_inputs_reach_a_monotone_model(store_path, exposure_path):
+    result = fit(store_path, epochs=1, monotone_inputs=exposure_path, **FAST)
+    assert result.model.num_monotone == 1
+    images = torch.from_numpy(Store(store_path).gather(result.val_indices)[0])
+    exposure = torch.from_numpy(np.load(exposure_path)[result.val_indices, None].astype(np.float32))
+    assert check_monotone(result.model, prepare_images(images, result.config, "cpu"), exposure) <= 1e-6
+
+
+def test_size_downscales_on_the_device(store_path):
+    result = fit(store_path, epochs=1, max_steps=1, size=8, **FAST)
+    batch = torch.zeros(2, SIDE, SIDE, 3, dtype=torch.uint8)
+    assert prepare_images(batch, result.config, "cpu").shape == (2, 3, 8, 8)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def class_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("classes") / "classes.fastload"
+    with StoreWriter(path, (SIDE, SIDE, 3), label_dtype="int64") as writer:
+        writer.extend(np.zeros((10, SIDE, SIDE, 3), np.uint8), np.arange(10) % 2)
+    return path
+
+
+def test_class_labels_are_refused(class_store):
+    with pytest.raises(ValueError, match="int64 labels.*regression needs"):
+        fit(class_store, **FAST)
+
+
+def test_empty_validation_split_is_refused(store_path):
+    with pytest.raises(ValueError, match="validation split .* is empty"):
+        fit(store_path, val_fraction=0.001, **FAST)
+
+
+def test_monotone_inputs_of_the_wrong_length_are_refused(store_path, tmp_path):
+    short = tmp_path / "short.npy"
+    np.save(short, np.zeros(COUNT - 1))
+    with pytest.raises(ValueError, match=rf"short\.npy: {COUNT - 1} rows .* store of {COUNT} records"):
+        fit(store_path, monotone_inputs=short, **FAST)
+
+
+def test_cuda_without_cuda_is_refused(store_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        fit(store_path, **{**FAST, "device": "cuda"})
+
+
+def test_resume_with_different_options_is_refused(store_path, tmp_path):
+    ckpt = tmp_path / "run.ckpt"
+    fit(store_path, checkpoint=ckpt, max_steps=1, **FAST)
+    with pytest.raises(ValueError, match="differs in: batch_size"):
+        fit(store_path, resume=ckpt, **{**FAST, "batch_size": 8})
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torchvision") is not None, reason="torchvision is installed"
+)
+def test_resnet18_without_torchvision_says_how_to_get_it(store_path):
+    with pytest.raises(ValueError, match="pip install torchvision"):
+        fit(store_path, backbone="resnet18", **FAST)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_prints_json_lines_and_writes_a_checkpoint(store_path, tmp_path, capsys):
+    ckpt, log = tmp_path / "cli.ckpt", tmp_path / "log.jsonl"
+    argv = ["train", os.fspath(store_path), "--epochs", "2", "--batch-size", "16", "--device", "cpu"]
+    argv += ["--threads", "1", "--json", "--json-log", os.fspath(log), "--checkpoint", os.fspath(ckpt)]
+    assert cli.main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["epoch"] for m in lines] == [1, 2]
+    assert {"train_loss", "val_mae", "val_rmse", "images_per_s", "data_wait_fraction"} <= lines[0].keys()
+    assert [json.loads(line) for line in log.read_text().splitlines()] == lines
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 2
+
+
+@pytest.mark.parametrize("problem", ["int64", "wrong length", "cuda"])
+def test_cli_bad_input_exits_1_without_traceback(
+    problem, store_path, class_store, tmp_path, capsys, monkeypatch
+):
+    argv = ["train", os.fspath(store_path), "--device", "cpu"]
+    if problem == "int64":
+        argv[1] = os.fspath(class_store)
+    elif problem == "wrong length":
+        np.save(tmp_path / "m.npy", np.zeros(3))
+        argv += ["--monotone-inputs", os.fspath(tmp_path / "m.npy")]
+    else:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        argv[-1] = "cuda"
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fastload train: error: ") and "Traceback" not in err
