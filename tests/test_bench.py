@@ -166,7 +166,9 @@ def test_cli_quick_run_writes_json(tiny_store, tmp_path):
     assert list(saved["stages"]) == ["memcpy", "h2d"]
     assert all(r["images_per_s"] > 0 for r in saved["rows"])
     assert "verdict:" in proc.stdout
-    assert "fastload bench: [1/2] memcpy" in proc.stderr  # progress lines when stderr is not a terminal
+    # Progress as plain lines when stderr is not a terminal.
+    assert "fastload bench: [1/2] setting up memcpy" in proc.stderr
+    assert "fastload bench: round 3/3: memcpy, 1 thread" in proc.stderr
 
 
 def test_cli_bad_store_exits_1_naming_the_file(tmp_path):

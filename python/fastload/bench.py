@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -71,16 +72,21 @@ class Plan:
 
 @dataclass
 class Figure:
-    """One measured method: `repeats` runs over the same images and bytes."""
+    """One method to measure: `trial()` does one pass (returning images, bytes moved); the
+    run fills in `repeats` timed runs of `calls` trials each. Cold figures evict the store
+    before each run."""
 
     stage: str
     method: str
     kind: str  # "limit", "fastload" or "baseline"
-    images: float
-    nbytes: int
-    seconds: List[float]
-    cpu_seconds: List[float]
+    trial: Optional[Callable[[], Tuple[float, int]]]
     note: str = ""
+    cold: bool = False
+    calls: int = 1
+    images: float = 0
+    nbytes: int = 0
+    seconds: List[float] = field(default_factory=list)
+    cpu_seconds: List[float] = field(default_factory=list)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -131,8 +137,8 @@ class Skip(Exception):
 
 @dataclass
 class Context:
-    """Facts about the benchmarked store; stages open their own handles so that no mapping
-    outlives a stage (a mapped page cannot be evicted for the cold runs)."""
+    """Facts about the benchmarked store, and `resources`: what the warm figures keep open
+    (mappings, pools), closed before the cold figures run (a mapped page cannot be evicted)."""
 
     path: str
     count: int
@@ -146,6 +152,7 @@ class Context:
     batch_size: int
     workdir: str
     cuda: bool
+    resources: ExitStack
 
     @property
     def image_nbytes(self) -> int:
@@ -170,48 +177,32 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _repeat(
-    ctx: Context,
-    trial: Callable[[], Tuple[float, int]],
-    prepare: Optional[Callable[[], None]] = None,
-    warmup: bool = True,
-) -> Tuple[float, int, List[float], List[float]]:
-    """Runs `trial` (returning images, bytes moved) ctx.repeats times; returns the images and
-    bytes of one run with each run's wall and CPU seconds. With `warmup`, an untimed first
-    call also sizes each run to last at least plan.min_run_s (a run of a few milliseconds
-    measures the scheduler, not the copy). `prepare` runs untimed before each timed run
-    (e.g. to evict the page cache)."""
-    calls = 1
-    if warmup:
-        t0 = time.perf_counter()
-        trial()
-        calls = max(1, math.ceil(ctx.plan.min_run_s / max(time.perf_counter() - t0, 1e-6)))
-    seconds, cpu = [], []
-    images = nbytes = 0
-    for _ in range(ctx.repeats):
-        if prepare is not None:
-            prepare()
-        c0, t0 = _cpu_seconds(), time.perf_counter()
-        for _ in range(calls):
-            images, nbytes = trial()
-        seconds.append(time.perf_counter() - t0)
-        cpu.append(_cpu_seconds() - c0)
-    return images * calls, nbytes * calls, seconds, cpu
+def _figure(ctx: Context, stage: str, method: str, kind: str, trial, note: str = "", cold: bool = False):
+    return Figure(stage, method, kind, trial, note, cold)
 
 
-def _figure(ctx: Context, stage: str, method: str, kind: str, trial, note: str = "", **kw) -> Figure:
-    images, nbytes, seconds, cpu = _repeat(ctx, trial, **kw)
-    return Figure(stage, method, kind, images, nbytes, seconds, cpu, note)
-
-
-def _evict(ctx: Context) -> Callable[[], None]:
-    """Drops the store from the page cache. Only pages no live mapping holds can go: every
-    handle must be closed and its views released first (`_cold_note` checks it worked)."""
-
-    def prepare() -> None:
-        _core.evict(ctx.path)
-
-    return prepare
+def _run_rounds(ctx: Context, figures: List[Figure], progress: Callable[[str], None]) -> None:
+    """Times every figure `repeats` times, interleaved: each round runs every figure in turn,
+    so a shared machine's changing load hits all of them alike and their ratios hold. Warm
+    figures first get an untimed trial that also sizes their runs to last at least
+    plan.min_run_s (a run of a few milliseconds measures the scheduler, not the copy)."""
+    for figure in figures:
+        if not figure.cold:
+            progress(f"warming up: {figure.method}")
+            t0 = time.perf_counter()
+            figure.trial()
+            figure.calls = max(1, math.ceil(ctx.plan.min_run_s / max(time.perf_counter() - t0, 1e-6)))
+    for round_ in range(1, ctx.repeats + 1):
+        for figure in figures:
+            progress(f"round {round_}/{ctx.repeats}: {figure.method}")
+            if figure.cold:
+                _core.evict(ctx.path)
+            c0, t0 = _cpu_seconds(), time.perf_counter()
+            for _ in range(figure.calls):
+                images, nbytes = figure.trial()
+            figure.seconds.append(time.perf_counter() - t0)
+            figure.cpu_seconds.append(_cpu_seconds() - c0)
+            figure.images, figure.nbytes = images * figure.calls, nbytes * figure.calls
 
 
 def resident_fraction(path: PathLike) -> float:
@@ -223,7 +214,8 @@ def resident_fraction(path: PathLike) -> float:
 
 
 def _cold_note(ctx: Context) -> str:
-    _evict(ctx)()
+    """Checks that eviction works for this file (nothing maps it any more, not tmpfs)."""
+    _core.evict(ctx.path)
     left = resident_fraction(ctx.path)
     if left > 0.1:
         return (
@@ -256,17 +248,17 @@ def bench_memcpy(ctx: Context) -> List[Figure]:
         copy_rows(0, 1)
         return images, src.nbytes
 
-    with ThreadPoolExecutor(threads) as pool:
+    pool = ctx.resources.enter_context(ThreadPoolExecutor(threads))
 
-        def copy_many() -> Tuple[float, int]:
-            list(pool.map(copy_rows, range(threads), [threads] * threads))
-            return images, src.nbytes
+    def copy_many() -> Tuple[float, int]:
+        list(pool.map(copy_rows, range(threads), [threads] * threads))
+        return images, src.nbytes
 
-        note = f"{src.nbytes >> 20} MiB into batches of {ctx.batch_size}"
-        return [
-            _figure(ctx, "memcpy", "memcpy, 1 thread", "limit", copy_one, note),
-            _figure(ctx, "memcpy", f"memcpy, {threads} threads", "limit", copy_many, note),
-        ]
+    note = f"{src.nbytes >> 20} MiB into batches of {ctx.batch_size}"
+    return [
+        _figure(ctx, "memcpy", "memcpy, 1 thread", "limit", copy_one, note),
+        _figure(ctx, "memcpy", f"memcpy, {threads} threads", "limit", copy_many, note),
+    ]
 
 
 def bench_disk(ctx: Context) -> List[Figure]:
@@ -284,10 +276,10 @@ def bench_disk(ctx: Context) -> List[Figure]:
                 done += n
         return done / ctx.stride, done
 
-    cold = _figure(ctx, "disk", "sequential read, cold", "limit", read, prepare=_evict(ctx), warmup=False)
-    cold.note = _cold_note(ctx)
-    warm = _figure(ctx, "disk", "sequential read, warm", "limit", read, "from the page cache")
-    return [cold, warm]
+    return [
+        _figure(ctx, "disk", "sequential read, cold", "limit", read, cold=True),
+        _figure(ctx, "disk", "sequential read, warm", "limit", read, "from the page cache"),
+    ]
 
 
 def bench_h2d(ctx: Context) -> List[Figure]:
@@ -325,8 +317,8 @@ def bench_h2d(ctx: Context) -> List[Figure]:
 def _warm(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
     """Steady state, as in training: one mapping for every run, its pages in the page cache
     and in this process's page tables after the untimed first run."""
-    with Store(ctx.path) as store:
-        return _figure(ctx, stage, method, "fastload", make_trial(store), "page cache, store kept mapped")
+    store = ctx.resources.enter_context(Store(ctx.path))
+    return _figure(ctx, stage, method, "fastload", make_trial(store), "page cache, store kept mapped")
 
 
 def _cold(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
@@ -336,9 +328,7 @@ def _cold(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], C
         with Store(ctx.path) as store:
             return make_trial(store)()
 
-    figure = _figure(ctx, stage, method, "fastload", trial, prepare=_evict(ctx), warmup=False)
-    figure.note = _cold_note(ctx)
-    return figure
+    return _figure(ctx, stage, method, "fastload", trial, cold=True)
 
 
 def bench_gather(ctx: Context) -> List[Figure]:
@@ -444,7 +434,7 @@ def bench_memmap(ctx: Context) -> List[Figure]:
     """np.memmap fancy indexing of shuffled batches (a new array per batch, as users write it),
     the mapping kept across runs like fastload's warm runs."""
     batches = ctx.batches(ctx.order())
-    mapped = _memmap_images(ctx)  # unmapped when this function returns, before any cold stage
+    mapped = _memmap_images(ctx)  # unmapped with the trial, when the warm figures are done
 
     def epoch() -> Tuple[float, int]:
         for idx in batches:
@@ -650,19 +640,15 @@ def bench_streaming(ctx: Context) -> List[Figure]:
                 writer.write({"image": image, "label": label})
     data = streaming.StreamingDataset(local=out, shuffle=True, batch_size=ctx.batch_size)
     loader = DataLoader(data, batch_size=ctx.batch_size, num_workers=2, pin_memory=ctx.cuda)
+    ctx.resources.callback(clean_stale_shared_memory)
+    # Its samples are read-only arrays; default collate warns about each in every worker.
+    ctx.resources.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     note = f"mosaicml-streaming {streaming.__version__}, num_workers=2, {count:,} records per run"
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            epoch = _loader_epoch(ctx, loader, lambda batch: batch["image"])
-            return [
-                _figure(
-                    ctx, "streaming", "MosaicML StreamingDataset + DataLoader, warm", "baseline", epoch, note
-                )
-            ]
-    finally:
-        del loader, data
-        clean_stale_shared_memory()
+    epoch = _loader_epoch(ctx, loader, lambda batch: batch["image"])
+    return [
+        _figure(ctx, "streaming", "MosaicML StreamingDataset + DataLoader, warm", "baseline", epoch, note)
+    ]
 
 
 BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
@@ -940,6 +926,7 @@ def run(
                 batch_size=batch_size,
                 workdir=workdir,
                 cuda=torch.cuda.is_available(),
+                resources=ExitStack(),
             )
         results = _measure(ctx, stages, progress)
     finally:
@@ -980,22 +967,30 @@ def run(
 def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
     figures: List[Figure] = []
     skipped: Dict[str, str] = {}
-    took: Dict[str, float] = {}
-    for number, name in enumerate(stages, 1):
-        progress(f"[{number}/{len(stages)}] {name}")
-        t0 = time.perf_counter()
-        try:
-            figures.extend(BENCHES[name](ctx))
-        except Skip as exc:
-            skipped[name] = str(exc)
-        took[name] = time.perf_counter() - t0
+    with ctx.resources:
+        for number, name in enumerate(stages, 1):
+            progress(f"[{number}/{len(stages)}] setting up {name}")
+            try:
+                figures.extend(BENCHES[name](ctx))
+            except Skip as exc:
+                skipped[name] = str(exc)
+        _run_rounds(ctx, [f for f in figures if not f.cold], progress)
+        for figure in figures:
+            if not figure.cold:
+                figure.trial = None  # releases what the trial maps before the cold runs
+    cold = [f for f in figures if f.cold]
+    if cold:
+        _run_rounds(ctx, cold, progress)
+        note = _cold_note(ctx)
+        for figure in cold:
+            figure.note, figure.trial = note, None
     by_method = {f.method: f for f in figures}
     memcpy = max((f for f in figures if f.stage == "memcpy"), key=lambda f: f.bytes_per_s, default=None)
     ref = next((by_method[m] for m in FASTLOAD_REFERENCE if m in by_method), None)
     rows = [
         f.as_dict(memcpy.images_per_s if memcpy else None, ref.images_per_s if ref else None) for f in figures
     ]
-    warnings = [
+    noisy = [
         f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
         "rerun on an idle machine (or with more --repeats) before trusting this figure"
         for r in rows
@@ -1007,7 +1002,6 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
             if name in skipped
             else {"status": "ok", "methods": [r["method"] for r in rows if r["stage"] == name]}
         )
-        | {"seconds": took[name]}
         for name in stages
     }
     return {
@@ -1015,7 +1009,7 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
         "rows": rows,
         "fastload_reference": ref.method if ref else None,
         "memcpy_reference": memcpy.method if memcpy else None,
-        "warnings": warnings,
+        "warnings": noisy,
     }
 
 
