@@ -29,8 +29,11 @@ RESIZE_MODES = ("squash", "crop", "pad")
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".dib", ".tif", ".tiff", ".gif"}
 )
-#: Records decoded per chunk and thread: bounds memory, keeps every thread busy.
-FILES_PER_THREAD = 8
+#: Records decoded per chunk and thread: enough that threads rarely wait for the chunk's last file.
+FILES_PER_THREAD = 16
+#: Most records, and most bytes, of one chunk: memory stays bounded on machines with many cores.
+MAX_CHUNK_RECORDS = 256
+MAX_CHUNK_BYTES = 256 << 20
 #: Problems listed in one error message before the rest are only counted.
 MAX_LISTED = 20
 
@@ -417,7 +420,7 @@ def pack(
         )
 
     decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
-    chunk = FILES_PER_THREAD * decoder.num_threads
+    chunk = max(1, min(FILES_PER_THREAD * decoder.num_threads, MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // (height * width * 3)))
     buffer = np.empty((chunk, height, width, 3), dtype=np.uint8)
     meta = {
         "pack": {
