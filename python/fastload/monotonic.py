@@ -5,35 +5,42 @@ up" and have it hold for every input, not just on the training data. Every modul
 PyTorch and works on any device and in float32, float64 or bfloat16.
 
 Monotonicity holds *by construction*: each module stores free (unconstrained) parameters and maps
-them to constrained values in ``forward``. Any optimizer can take any step and the model stays
+them to constrained values in ``forward``, so any optimizer can take any step and the model stays
 monotone; there is no projection step to forget. The maps used:
 
 * ``PWLCalibrator``: keypoint outputs are a free first value plus a cumulative sum of softplus
-  increments. Smooth and surjective onto strictly monotone keypoints; exactly flat pieces are
+  increments. Smooth and onto all strictly monotone keypoint sequences; exactly flat pieces are
   only approached (increment -> 0), which costs little in practice.
-* ``MonotoneLinear``: weight = softplus(free) times the declared sign. Keeps gradients nonzero
-  (unlike clamping) at the price of never reaching exactly zero.
+* ``MonotoneLinear``: weight = softplus(free) times the declared sign. Gradients never vanish at
+  zero the way they do with clamping, at the price of never reaching exactly zero.
 * ``Lattice`` / ``LatticeEnsemble``: vertex values are the average of the lower monotone envelope
   (cumulative max along each monotone dimension) and the upper one (reverse cumulative min) of
-  free values. Both envelopes are monotone in every declared dimension, so their average is;
+  free values. Both envelopes are monotone in every declared dimension, so their average is, and
   the map is the identity on lattices that are already monotone, so every monotone lattice is
   reachable. Cumulative sums of non-negative increments, the obvious alternative, only work for
-  one monotone dimension: chaining them over several dimensions restricts the lattice to
-  supermodular functions (it cannot represent ``max(a, b)``). The price is a piecewise-linear
-  map whose gradient reaches only the vertices that attain the envelopes.
-* Output bounds apply an increasing squashing (sigmoid) after the monotone map, which keeps
-  monotonicity and pins outputs inside ``(output_min, output_max)``.
+  one monotone dimension: chained over several they restrict the lattice to supermodular
+  functions (no ``max(a, b)``). The price is a piecewise-linear map whose gradient reaches only
+  the vertices attaining the envelopes.
+* Output bounds apply an increasing sigmoid after the monotone map, which keeps monotonicity and
+  pins outputs inside ``(output_min, output_max)``.
 
-Interpolation runs in at least float32 (bfloat16 inputs are upcast and the result cast back),
-because bfloat16 cell fractions and corner weights are too coarse. The guarantee is exact in real
-arithmetic; floating-point rounding can add decreases of a few units in the last place of the
-output, which is what :func:`check_monotone` lets a user measure on a trained model.
+Floating point: interpolation runs in at least float32 (bfloat16 inputs are upcast and the result
+cast back; casting is monotone), because bfloat16 cell fractions are too coarse. The calibrators
+are monotone under rounding too, not only in real arithmetic: a cell interpolates its end values
+as ``a + f * (b - a)``, which rounding can neither reverse inside the cell (``f`` enters once) nor
+push past ``b`` into the next cell (see ``_lerp``). A lattice reduces its cell corners one
+dimension at a time: its first monotone dimension first, in that same form, then every other one
+as ``(1 - f) * a + f * b``, which is monotone in ``a`` and ``b`` under rounding; so a lattice is
+exactly monotone in its first monotone input, and in any further one up to rounding (a few units
+in the last place). A :class:`MonotonicRegressor` with one monotone input is therefore exactly
+monotone; :func:`check_monotone` measures the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -53,14 +60,14 @@ __all__ = [
 _INIT_LOW, _INIT_HIGH = 0.1, 0.9
 
 
-def _check_bounds(output_min: float | None, output_max: float | None) -> None:
+def _check_bounds(output_min: Optional[float], output_max: Optional[float]) -> None:
     if (output_min is None) != (output_max is None):
         raise ValueError("output_min and output_max must be given together")
     if output_min is not None and not output_min < output_max:
         raise ValueError(f"output_min ({output_min}) must be < output_max ({output_max})")
 
 
-def _bound(raw: torch.Tensor, output_min: float | None, output_max: float | None):
+def _bound(raw: torch.Tensor, output_min: Optional[float], output_max: Optional[float]) -> torch.Tensor:
     """Increasing map from free values into (output_min, output_max), or the identity."""
     if output_min is None:
         return raw
@@ -68,7 +75,8 @@ def _bound(raw: torch.Tensor, output_min: float | None, output_max: float | None
 
 
 def _initial_raw(fraction: torch.Tensor, bounded: bool, low: float, high: float) -> torch.Tensor:
-    """Free values whose bounded image is the ramp ``fraction`` in [0, 1] (or low..high if unbounded)."""
+    """Free values whose image under _bound is the ramp ``fraction`` (in [0, 1]) placed in the
+    middle of the bounds, or spread over [low, high] when unbounded."""
     if bounded:
         return torch.logit(_INIT_LOW + (_INIT_HIGH - _INIT_LOW) * fraction)
     return low + (high - low) * fraction
@@ -78,13 +86,20 @@ def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
-def _dtypes(x: torch.Tensor, param: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+def _dtypes(x: torch.Tensor, param: torch.Tensor) -> Tuple[torch.dtype, torch.dtype]:
     """(output dtype, compute dtype): usual type promotion, computed in at least float32."""
     out = torch.promote_types(x.dtype, param.dtype)
     return out, torch.promote_types(out, torch.float32)
 
 
-def _check_monotonicities(values, allowed: tuple[int, ...], length: int, name: str) -> list:
+def _lerp(a: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Interpolation monotone in ``f`` under rounding. Inside a cell ``f < 1``, so ``f`` is at most
+    1 - 2^-p (p = mantissa bits) and ``fl(f * fl(b - a))`` can be shown never to exceed ``|b - a|``:
+    the result stays between ``a`` and ``b`` and cannot overshoot the next cell's start."""
+    return a + f * (b - a)
+
+
+def _check_monotonicities(values, allowed: Tuple[int, ...], length: int, name: str) -> List[int]:
     values = [int(m) for m in values]
     if len(values) != length:
         raise ValueError(f"{name} has {len(values)} entries, expected {length}")
@@ -94,13 +109,19 @@ def _check_monotonicities(values, allowed: tuple[int, ...], length: int, name: s
     return values
 
 
+def _check_inputs(x: torch.Tensor, num_inputs: int, what: str) -> None:
+    if x.dim() != 2 or x.shape[1] != num_inputs:
+        raise ValueError(f"{what} must have shape (N, {num_inputs}), got {tuple(x.shape)}")
+
+
 class PWLCalibrator(nn.Module):
     """Piecewise-linear 1-D function through ``num_keypoints`` evenly spaced keypoints.
 
     Constant outside ``[input_min, input_max]``. ``monotonicity`` is +1 (non-decreasing),
-    -1 (non-increasing) or 0 (free). With ``output_min``/``output_max`` (both or neither) the
+    -1 (non-increasing) or 0 (free). With ``output_min`` and ``output_max`` (both or neither) the
     outputs stay strictly inside the bounds. Accepts shape (N,) or (N, 1), returns the same shape.
-    Starts as the identity on the input range (or a ramp over the bounds), reversed for -1.
+    Starts as the identity on the input range (a ramp across the bounds when bounded), reversed
+    for -1, so an untrained calibrator passes information through.
     """
 
     def __init__(
@@ -109,8 +130,8 @@ class PWLCalibrator(nn.Module):
         input_min: float,
         input_max: float,
         monotonicity: int = 1,
-        output_min: float | None = None,
-        output_max: float | None = None,
+        output_min: Optional[float] = None,
+        output_max: Optional[float] = None,
     ):
         super().__init__()
         if int(num_keypoints) < 2:
@@ -139,8 +160,8 @@ class PWLCalibrator(nn.Module):
         """Input positions of the keypoints."""
         return torch.linspace(self.input_min, self.input_max, self.num_keypoints, device=self.raw.device)
 
-    def keypoint_outputs(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Output values at the keypoints (a first value plus signed softplus increments)."""
+    def keypoint_outputs(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Output values at the keypoints: a first value plus signed softplus increments."""
         raw = self.raw.to(dtype or torch.promote_types(self.raw.dtype, torch.float32))
         if self.monotonicity:
             raw = torch.cat([raw[:1], self.monotonicity * F.softplus(raw[1:])]).cumsum(0)
@@ -148,30 +169,28 @@ class PWLCalibrator(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
-            raise ValueError(f"PWLCalibrator expects shape (N,) or (N, 1), got {tuple(x.shape)}")
+            raise ValueError(f"PWLCalibrator input must have shape (N,) or (N, 1), got {tuple(x.shape)}")
         out_dtype, dtype = _dtypes(x, self.raw)
         values = self.keypoint_outputs(dtype)
         scale = (self.num_keypoints - 1) / (self.input_max - self.input_min)
         t = (x.to(dtype).clamp(self.input_min, self.input_max) - self.input_min) * scale
         cell = t.floor().clamp(max=self.num_keypoints - 2)
-        frac = t - cell
-        low, high = values[cell.long()], values[cell.long() + 1]
-        return (low + frac * (high - low)).to(out_dtype)
+        index = cell.long()
+        return _lerp(values[index], values[index + 1], t - cell).to(out_dtype)
 
     def extra_repr(self) -> str:
         return (
-            f"num_keypoints={self.num_keypoints}, input_range=({self.input_min}, "
-            f"{self.input_max}), monotonicity={self.monotonicity}, "
-            f"output_range=({self.output_min}, {self.output_max})"
+            f"num_keypoints={self.num_keypoints}, input_range=({self.input_min}, {self.input_max}), "
+            f"monotonicity={self.monotonicity}, output_range=({self.output_min}, {self.output_max})"
         )
 
 
 class MonotoneLinear(nn.Module):
     """Linear layer whose weights have a fixed sign per input: +1 non-negative, -1 non-positive,
-    0 free. Constrained weights are softplus of a free parameter times the sign, so gradients
-    never vanish at zero the way they do with clamping."""
+    0 free. Constrained weights are softplus of a free parameter times the sign. Monotone up to
+    the rounding of the matrix product."""
 
-    def __init__(self, in_features: int, out_features: int, monotonicities: int | Sequence[int]):
+    def __init__(self, in_features: int, out_features: int, monotonicities: Union[int, Sequence[int]]):
         super().__init__()
         if in_features < 1 or out_features < 1:
             raise ValueError("in_features and out_features must be >= 1")
@@ -200,37 +219,41 @@ class MonotoneLinear(nn.Module):
 
 
 class _LatticeBank(nn.Module):
-    """``num_lattices`` lattices of equal sizes, interpolated together in one vectorised pass.
+    """``len(monotone)`` lattices of equal sizes, interpolated together in one vectorised pass.
 
     ``monotone[l][d]`` says whether lattice ``l`` is non-decreasing along dimension ``d``.
     """
 
-    def __init__(self, sizes, monotone, output_min, output_max):
+    def __init__(self, sizes: Sequence[int], monotone: Sequence[Sequence[bool]], output_min, output_max):
         super().__init__()
         _check_bounds(output_min, output_max)
         self.sizes = tuple(sizes)
         self.output_min, self.output_max = output_min, output_max
-        strides = [math.prod(self.sizes[d + 1 :]) for d in range(len(self.sizes))]
-        # Flat offsets of the 2^D cell corners, bit d of the corner number selecting the upper
-        # side of dimension d; forward builds corner weights in the same order.
+        dims = len(self.sizes)
+        # Reduce dimensions monotone in some lattice first (see the module docstring).
+        self.order = sorted(range(dims), key=lambda d: not any(m[d] for m in monotone))
+        strides = [math.prod(self.sizes[d + 1 :]) for d in range(dims)]
+        # Flat offsets of the 2^D cell corners; bit k of a corner's position selects the upper
+        # side of dimension order[k], so pairs (2j, 2j + 1) differ along order[0].
         offsets = [0]
-        for stride in strides:
-            offsets = offsets + [o + stride for o in offsets]
+        for d in self.order:
+            offsets = offsets + [o + strides[d] for o in offsets]
         self.register_buffer("_strides", torch.tensor(strides), persistent=False)
         self.register_buffer("_offsets", torch.tensor(offsets), persistent=False)
         self.register_buffer("_last", torch.tensor(self.sizes) - 1, persistent=False)
         self.register_buffer("_monotone", torch.tensor(monotone, dtype=torch.bool), persistent=False)
 
-        # Start monotone (a ramp over the monotone dimensions, so both envelopes coincide and
-        # every vertex gets gradient) with small noise along free dimensions only, so inputs
-        # feeding free dimensions get a gradient from the first step.
-        grids = torch.meshgrid(*[torch.linspace(0.0, 1.0, s) for s in self.sizes], indexing="ij")
-        mono = self._monotone.view(-1, len(self.sizes), *[1] * len(self.sizes)).float()
-        coords = torch.stack(grids)  # (D, *sizes)
+        # Start monotone (a ramp over the monotone dimensions, so both envelopes coincide and every
+        # vertex gets gradient) plus small noise along free dimensions only, so the inputs feeding
+        # free dimensions get a gradient from the first step.
+        coords = torch.stack(
+            torch.meshgrid(*[torch.linspace(0.0, 1.0, s) for s in self.sizes], indexing="ij")
+        )
+        mono = self._monotone.view(-1, dims, *[1] * dims).float()
         count = mono.sum(1)
         ramp = torch.where(count > 0, (mono * coords).sum(1) / count.clamp(min=1), 0.5)
         noise = 0.1 * torch.randn(ramp.shape)
-        for d in range(len(self.sizes)):
+        for d in range(dims):
             first = noise.narrow(d + 1, 0, 1).expand_as(noise)
             noise = torch.where(self._monotone[:, d].view_as(count), first, noise)
         self.raw = nn.Parameter(_initial_raw(ramp, output_min is not None, 0.0, 1.0) + noise)
@@ -240,40 +263,40 @@ class _LatticeBank(nn.Module):
         lower = upper = self.raw.to(dtype)
         for d in range(len(self.sizes)):
             mono = self._monotone[:, d].view(-1, *[1] * len(self.sizes))
-            dim = d + 1
-            lower = torch.where(mono, lower.cummax(dim).values, lower)
-            upper = torch.where(mono, upper.flip(dim).cummin(dim).values.flip(dim), upper)
+            lower = torch.where(mono, lower.cummax(d + 1).values, lower)
+            upper = torch.where(mono, upper.flip(d + 1).cummin(d + 1).values.flip(d + 1), upper)
         return _bound((lower + upper) / 2, self.output_min, self.output_max)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Interpolates x of shape (N, num_lattices, D) into (N, num_lattices)."""
-        out_dtype, dtype = _dtypes(x, self.raw)
+        """Interpolates x of shape (N, num_lattices, D) into (N, num_lattices), compute dtype."""
+        dtype = _dtypes(x, self.raw)[1]
         last = self._last.to(dtype)
         x = torch.minimum(x.to(dtype).clamp(min=0), last)
         cell = torch.minimum(x.floor(), last - 1)
         frac = x - cell
-        base = (cell.long() * self._strides).sum(-1, keepdim=True)
-        weights = x.new_ones(*x.shape[:-1], 1)
-        for d in range(len(self.sizes)):
-            f = frac[..., d : d + 1]
-            weights = torch.cat([weights * (1 - f), weights * f], -1)
         values = self.vertex_values(dtype).flatten(1)
         lattice = torch.arange(values.shape[0], device=x.device).view(1, -1, 1)
-        corners = values[lattice, base + self._offsets]
-        return (weights * corners).sum(-1).to(out_dtype)
-
-
-def _check_inputs(x: torch.Tensor, num_inputs: int, what: str) -> None:
-    if x.dim() != 2 or x.shape[1] != num_inputs:
-        raise ValueError(f"{what} must have shape (N, {num_inputs}), got {tuple(x.shape)}")
+        base = (cell.long() * self._strides).sum(-1, keepdim=True)
+        corners = values[lattice, base + self._offsets]  # (N, num_lattices, 2^D)
+        for k, d in enumerate(self.order):
+            low, high, f = corners[..., 0::2], corners[..., 1::2], frac[..., d : d + 1]
+            # Monotone in low and high under rounding: keeps the first step's exactness.
+            reduced = (1 - f) * low + f * high
+            if k == 0:
+                # Monotone in f under rounding: exact in each lattice's first monotone dimension.
+                first = self._monotone[:, d].view(1, -1, 1)
+                reduced = torch.where(first, _lerp(low, high, f), reduced)
+            corners = reduced
+        return corners[..., 0]
 
 
 class Lattice(nn.Module):
     """Multilinear interpolation over a grid of learned vertex values.
 
     Input (N, D) with dimension d in [0, lattice_sizes[d] - 1] (clamped outside); output (N,).
-    ``monotonicities[d]`` is 1 for non-decreasing along d, 0 for free. Cost per sample is 2^D
-    corners, and parameters grow as prod(lattice_sizes): for more than a handful of inputs use
+    ``monotonicities[d]`` is 1 for non-decreasing along d, 0 for free. With ``output_min`` and
+    ``output_max`` the vertex values, hence the outputs, stay inside the bounds. Each sample costs
+    2^D corners and parameters grow as prod(lattice_sizes): for more than a handful of inputs use
     :class:`LatticeEnsemble`.
     """
 
@@ -281,8 +304,8 @@ class Lattice(nn.Module):
         self,
         lattice_sizes: Sequence[int],
         monotonicities: Sequence[int],
-        output_min: float | None = None,
-        output_max: float | None = None,
+        output_min: Optional[float] = None,
+        output_max: Optional[float] = None,
     ):
         super().__init__()
         sizes = [int(s) for s in lattice_sizes]
@@ -290,25 +313,25 @@ class Lattice(nn.Module):
             raise ValueError(f"lattice_sizes must be a non-empty list of ints >= 2, got {sizes}")
         mono = _check_monotonicities(monotonicities, (0, 1), len(sizes), "monotonicities")
         self.lattice_sizes, self.monotonicities = tuple(sizes), tuple(mono)
-        self.bank = _LatticeBank(sizes, [mono], output_min, output_max)
+        self.bank = _LatticeBank(sizes, [[m == 1 for m in mono]], output_min, output_max)
 
     def vertex_values(self) -> torch.Tensor:
         """Constrained vertex values, shape lattice_sizes."""
-        dtype = torch.promote_types(self.bank.raw.dtype, torch.float32)
-        return self.bank.vertex_values(dtype)[0]
+        return self.bank.vertex_values(torch.promote_types(self.bank.raw.dtype, torch.float32))[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_inputs(x, len(self.lattice_sizes), "Lattice input")
-        return self.bank(x[:, None, :])[:, 0]
+        return self.bank(x[:, None, :])[:, 0].to(_dtypes(x, self.bank.raw)[0])
 
 
 class LatticeEnsemble(nn.Module):
     """Average of ``num_lattices`` lattices of rank ``lattice_rank`` over subsets of the inputs.
 
-    Subsets are drawn from ``seed`` (deterministic, independent of the global RNG), balancing
-    how often each input is used, so every input appears in at least one lattice. An input that
-    is monotone is monotone-declared in every lattice that sees it, and an average of functions
-    that are monotone (or constant) in an input is monotone in it.
+    Subsets come from ``seed`` (deterministic, independent of the global RNG) and balance how often
+    each input is used, so every input appears in at least one lattice. A monotone input is
+    monotone-declared in every lattice that sees it, and an average of functions that are each
+    monotone (or constant) in an input is monotone in it. Each subset lists its monotone inputs
+    first: that is the dimension each lattice keeps exactly monotone under rounding.
     """
 
     def __init__(
@@ -319,8 +342,8 @@ class LatticeEnsemble(nn.Module):
         lattice_size: int,
         monotonicities: Sequence[int],
         seed: int = 0,
-        output_min: float | None = None,
-        output_max: float | None = None,
+        output_min: Optional[float] = None,
+        output_max: Optional[float] = None,
     ):
         super().__init__()
         if lattice_size < 2:
@@ -329,8 +352,7 @@ class LatticeEnsemble(nn.Module):
             raise ValueError(f"lattice_rank must be in [1, num_inputs={num_inputs}], got {lattice_rank}")
         if num_lattices * lattice_rank < num_inputs:
             raise ValueError(
-                f"num_lattices * lattice_rank = {num_lattices * lattice_rank} cannot cover "
-                f"{num_inputs} inputs"
+                f"num_lattices * lattice_rank = {num_lattices * lattice_rank} cannot cover {num_inputs} inputs"
             )
         mono = _check_monotonicities(monotonicities, (0, 1), num_inputs, "monotonicities")
         self.num_inputs, self.monotonicities = num_inputs, tuple(mono)
@@ -340,33 +362,40 @@ class LatticeEnsemble(nn.Module):
         for _ in range(num_lattices):
             # Least-used inputs first, ties broken at random.
             chosen = (uses + torch.rand(num_inputs, generator=generator)).argsort()[:lattice_rank]
-            chosen = chosen.sort().values
             uses[chosen] += 1
-            subsets.append(chosen)
-        self.register_buffer("input_index", torch.stack(subsets))
+            subsets.append(sorted(chosen.tolist(), key=lambda i: (-mono[i], i)))
+        self.register_buffer("input_index", torch.tensor(subsets))
         self.bank = _LatticeBank(
             [lattice_size] * lattice_rank,
-            [[mono[i] == 1 for i in subset.tolist()] for subset in subsets],
+            [[mono[i] == 1 for i in subset] for subset in subsets],
             output_min,
             output_max,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_inputs(x, self.num_inputs, "LatticeEnsemble input")
-        return self.bank(x[:, self.input_index]).mean(1)
+        return self.bank(x[:, self.input_index]).mean(1).to(_dtypes(x, self.bank.raw)[0])
 
 
-def _small_cnn(in_channels: int, num_features: int) -> nn.Module:
-    """Three stride-2 conv/BN/ReLU stages, global average pooling and a linear head."""
-    layers, channels = [], in_channels
-    for width in (16, 32, 64):
-        layers += [
-            nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(width),
-            nn.ReLU(inplace=True),
-        ]
-        channels = width
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_features))
+class _SmallCNN(nn.Module):
+    """Three stride-2 conv/BN/ReLU stages, global average pooling and a linear head. Pools with
+    ``mean`` rather than AdaptiveAvgPool2d, whose CUDA backward is not deterministic."""
+
+    def __init__(self, in_channels: int, num_features: int):
+        super().__init__()
+        layers, channels = [], in_channels
+        for width in (16, 32, 64):
+            layers += [
+                nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+            ]
+            channels = width
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, num_features)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(images).mean((2, 3)))
 
 
 class MonotonicRegressor(nn.Module):
@@ -374,29 +403,28 @@ class MonotonicRegressor(nn.Module):
 
     ``model(images, monotone_inputs)``: images (N, C, H, W) go through ``backbone`` (default: a
     small CNN; any module mapping the batch to (N, num_features) works) and are squashed into the
-    lattice domain; each column of ``monotone_inputs`` (N, M) goes through an increasing
-    calibrator (its range is ``monotone_input_range``: one (low, high) pair or one per input)
-    into a monotone lattice dimension, never into the backbone. The lattice output passes an
-    increasing output calibrator bounded by ``output_min``/``output_max`` when given (pass a range
-    a little wider than the labels so training starts sensibly). With more than
+    lattice domain; each column of ``monotone_inputs`` (N, M) goes through an increasing calibrator
+    (over ``monotone_input_range``: one (low, high) pair for all, or one per input) into a monotone
+    lattice dimension, never into the backbone. The lattice output passes an increasing output
+    calibrator, bounded by ``output_min``/``output_max`` when given: pass a range a little wider
+    than the labels' so training starts with predictions in the right place. With more than
     ``lattice_rank`` lattice inputs a :class:`LatticeEnsemble` of ``num_lattices`` lattices
-    (default: enough to use each input about twice) replaces the single lattice.
-    Returns shape (N,).
+    (default: enough to use each input about twice) replaces the single lattice. Returns (N,).
     """
 
     def __init__(
         self,
-        backbone: nn.Module | None = None,
+        backbone: Optional[nn.Module] = None,
         num_features: int = 8,
         monotone_inputs: int = 0,
         lattice_size: int = 3,
         in_channels: int = 3,
-        monotone_input_range: tuple[float, float] | Sequence[tuple[float, float]] = (0.0, 1.0),
+        monotone_input_range: Union[Tuple[float, float], Sequence[Tuple[float, float]]] = (0.0, 1.0),
         num_keypoints: int = 10,
         lattice_rank: int = 4,
-        num_lattices: int | None = None,
-        output_min: float | None = None,
-        output_max: float | None = None,
+        num_lattices: Optional[int] = None,
+        output_min: Optional[float] = None,
+        output_max: Optional[float] = None,
         seed: int = 0,
     ):
         super().__init__()
@@ -413,11 +441,10 @@ class MonotonicRegressor(nn.Module):
             raise ValueError(
                 f"monotone_input_range has {len(ranges)} pairs for {monotone_inputs} monotone inputs"
             )
-        self.num_features, self.num_monotone = num_features, monotone_inputs
-        self.lattice_size = lattice_size
-        self.backbone = backbone if backbone is not None else _small_cnn(in_channels, num_features)
+        self.num_features, self.num_monotone, self.lattice_size = num_features, monotone_inputs, lattice_size
+        self.backbone = backbone if backbone is not None else _SmallCNN(in_channels, num_features)
         self.input_calibrators = nn.ModuleList(
-            PWLCalibrator(num_keypoints, lo, hi, 1, 0.0, lattice_size - 1.0) for lo, hi in ranges
+            PWLCalibrator(num_keypoints, low, high, 1, 0.0, lattice_size - 1.0) for low, high in ranges
         )
         num_inputs = num_features + monotone_inputs
         monotonicities = [0] * num_features + [1] * monotone_inputs
@@ -430,23 +457,33 @@ class MonotonicRegressor(nn.Module):
             )
         self.output_calibrator = PWLCalibrator(num_keypoints, 0.0, 1.0, 1, output_min, output_max)
 
-    def forward(self, images: torch.Tensor, monotone_inputs: torch.Tensor | None = None) -> torch.Tensor:
-        if self.num_monotone and monotone_inputs is None:
-            raise ValueError(f"this model needs monotone_inputs of shape (N, {self.num_monotone})")
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Backbone features squashed into the lattice domain, shape (N, num_features)."""
         features = self.backbone(images)
         _check_inputs(features, self.num_features, "backbone output")
-        lattice_inputs = [torch.sigmoid(features) * (self.lattice_size - 1)]
+        return torch.sigmoid(features) * (self.lattice_size - 1)
+
+    def head(
+        self, image_features: torch.Tensor, monotone_inputs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Prediction from :meth:`image_features`; the part that is monotone in monotone_inputs."""
+        if self.num_monotone and monotone_inputs is None:
+            raise ValueError(f"this model needs monotone_inputs of shape (N, {self.num_monotone})")
+        lattice_inputs = [image_features]
         if monotone_inputs is not None:
             _check_inputs(monotone_inputs, self.num_monotone, "monotone_inputs")
-            if monotone_inputs.shape[0] != features.shape[0]:
+            if monotone_inputs.shape[0] != image_features.shape[0]:
                 raise ValueError(
-                    f"monotone_inputs has {monotone_inputs.shape[0]} rows for {features.shape[0]} images"
+                    f"monotone_inputs has {monotone_inputs.shape[0]} rows for {image_features.shape[0]} images"
                 )
             lattice_inputs += [
-                calibrator(monotone_inputs[:, i]).to(features.dtype)[:, None]
+                calibrator(monotone_inputs[:, i]).to(image_features.dtype)[:, None]
                 for i, calibrator in enumerate(self.input_calibrators)
             ]
         return self.output_calibrator(self.lattice(torch.cat(lattice_inputs, 1)))
+
+    def forward(self, images: torch.Tensor, monotone_inputs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.head(self.image_features(images), monotone_inputs)
 
 
 @torch.no_grad()
@@ -455,14 +492,16 @@ def check_monotone(
     images: torch.Tensor,
     monotone_inputs: torch.Tensor,
     num_steps: int = 32,
-    sweep_range: tuple[float, float] | None = None,
+    sweep_range: Optional[Tuple[float, float]] = None,
 ) -> float:
     """Largest decrease of ``model(images, monotone_inputs)`` as one monotone input sweeps upward.
 
-    Each column in turn sweeps ``num_steps`` values over ``sweep_range`` (default: the column's
-    observed range widened by half its span on each side, to cover the clamped regions) while
-    the other columns keep their values, for every image. Runs in eval mode (restoring the mode
-    after). Returns 0.0 for a monotone model; a tiny positive value is floating-point rounding.
+    Each column in turn takes ``num_steps`` increasing values over ``sweep_range`` (default: the
+    column's observed range widened by half its span on each side, to cover the clamped regions)
+    while the other columns keep theirs, for every image. Runs in eval mode, restoring the mode
+    after. A :class:`MonotonicRegressor` computes its image features once, so the sweep costs one
+    backbone pass and backbone nondeterminism cannot pose as a violation. Returns 0.0 for a
+    monotone model; see the module docstring for when rounding may give a tiny positive value.
     """
     if monotone_inputs.dim() != 2 or monotone_inputs.shape[0] != images.shape[0]:
         raise ValueError(
@@ -472,8 +511,12 @@ def check_monotone(
         raise ValueError(f"num_steps must be >= 2, got {num_steps}")
     was_training = model.training
     model.eval()
-    worst = 0.0
     try:
+        if isinstance(model, MonotonicRegressor):
+            predict = functools.partial(model.head, model.image_features(images))
+        else:
+            predict = functools.partial(model, images)
+        worst = 0.0
         for j in range(monotone_inputs.shape[1]):
             if sweep_range is None:
                 low, high = monotone_inputs[:, j].min().item(), monotone_inputs[:, j].max().item()
@@ -485,9 +528,9 @@ def check_monotone(
             for value in torch.linspace(low, high, num_steps).tolist():
                 swept = monotone_inputs.clone()
                 swept[:, j] = value
-                outputs.append(model(images, swept).float())
+                outputs.append(predict(swept).float())
             outputs = torch.stack(outputs)
             worst = max(worst, (outputs[:-1] - outputs[1:]).max().clamp(min=0).item())
+        return worst
     finally:
         model.train(was_training)
-    return worst
