@@ -177,10 +177,6 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _figure(ctx: Context, stage: str, method: str, kind: str, trial, note: str = "", cold: bool = False):
-    return Figure(stage, method, kind, trial, note, cold)
-
-
 def _run_rounds(ctx: Context, figures: List[Figure], progress: Callable[[str], None]) -> None:
     """Times every figure `repeats` times, interleaved: each round runs every figure in turn,
     so a shared machine's changing load hits all of them alike and their ratios hold. Warm
@@ -256,8 +252,8 @@ def bench_memcpy(ctx: Context) -> List[Figure]:
 
     note = f"{src.nbytes >> 20} MiB into batches of {ctx.batch_size}"
     return [
-        _figure(ctx, "memcpy", "memcpy, 1 thread", "limit", copy_one, note),
-        _figure(ctx, "memcpy", f"memcpy, {threads} threads", "limit", copy_many, note),
+        Figure("memcpy", "memcpy, 1 thread", "limit", copy_one, note),
+        Figure("memcpy", f"memcpy, {threads} threads", "limit", copy_many, note),
     ]
 
 
@@ -277,8 +273,8 @@ def bench_disk(ctx: Context) -> List[Figure]:
         return done / ctx.stride, done
 
     return [
-        _figure(ctx, "disk", "sequential read, cold", "limit", read, cold=True),
-        _figure(ctx, "disk", "sequential read, warm", "limit", read, "from the page cache"),
+        Figure("disk", "sequential read, cold", "limit", read, cold=True),
+        Figure("disk", "sequential read, warm", "limit", read, "from the page cache"),
     ]
 
 
@@ -307,7 +303,7 @@ def bench_h2d(ctx: Context) -> List[Figure]:
                 return copies * ctx.batch_size, copies * per_batch
 
             name = f"host-to-device, {'pinned' if pinned else 'pageable'} {str(dtype).split('.')[-1]}"
-            figures.append(_figure(ctx, "h2d", name, "limit", copy, f"batches of {ctx.batch_size}"))
+            figures.append(Figure("h2d", name, "limit", copy, f"batches of {ctx.batch_size}"))
     return figures
 
 
@@ -318,7 +314,7 @@ def _warm(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], C
     """Steady state, as in training: one mapping for every run, its pages in the page cache
     and in this process's page tables after the untimed first run."""
     store = ctx.resources.enter_context(Store(ctx.path))
-    return _figure(ctx, stage, method, "fastload", make_trial(store), "page cache, store kept mapped")
+    return Figure(stage, method, "fastload", make_trial(store), "page cache, store kept mapped")
 
 
 def _cold(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
@@ -328,7 +324,7 @@ def _cold(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], C
         with Store(ctx.path) as store:
             return make_trial(store)()
 
-    return _figure(ctx, stage, method, "fastload", trial, cold=True)
+    return Figure(stage, method, "fastload", trial, cold=True)
 
 
 def bench_gather(ctx: Context) -> List[Figure]:
@@ -443,7 +439,7 @@ def bench_memmap(ctx: Context) -> List[Figure]:
         return ctx.sample, ctx.sample_bytes
 
     method = "np.memmap fancy indexing, warm, random"
-    return [_figure(ctx, "memmap", method, "baseline", epoch, "page cache, file kept mapped")]
+    return [Figure("memmap", method, "baseline", epoch, "page cache, file kept mapped")]
 
 
 class MemmapRecords:
@@ -522,8 +518,7 @@ def bench_dataloader(ctx: Context) -> List[Figure]:
     data = MemmapRecords(ctx.path, ctx.count, ctx.stride, ctx.shape, ctx.labels[:count])
     note = f"num_workers=2, default collate, {count:,} records per run" + (", pin_memory" if ctx.cuda else "")
     return [
-        _figure(
-            ctx,
+        Figure(
             "dataloader",
             "np.memmap Dataset + DataLoader, warm",
             "baseline",
@@ -566,8 +561,7 @@ def bench_jpeg(ctx: Context) -> List[Figure]:
     mean_kb = sum(os.path.getsize(f) for f in files) / len(files) / 1024
     simd = " (Pillow-SIMD)" if ".post" in PIL.__version__ else ""
     note = f"{len(files)} JPEGs of quality 90, {mean_kb:.0f} KiB each, Pillow {PIL.__version__}{simd}, num_workers=2"
-    figure = _figure(
-        ctx,
+    figure = Figure(
         "jpeg",
         "JPEG folder + Pillow + DataLoader",
         "baseline",
@@ -619,7 +613,7 @@ def bench_litdata(ctx: Context) -> List[Figure]:
     )
     note = f"litdata {litdata.__version__}, num_workers=2, {count:,} records per run"
     epoch = _loader_epoch(ctx, loader, lambda batch: batch["image"])
-    return [_figure(ctx, "litdata", "LitData StreamingDataLoader, warm", "baseline", epoch, note)]
+    return [Figure("litdata", "LitData StreamingDataLoader, warm", "baseline", epoch, note)]
 
 
 def bench_streaming(ctx: Context) -> List[Figure]:
@@ -646,9 +640,7 @@ def bench_streaming(ctx: Context) -> List[Figure]:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     note = f"mosaicml-streaming {streaming.__version__}, num_workers=2, {count:,} records per run"
     epoch = _loader_epoch(ctx, loader, lambda batch: batch["image"])
-    return [
-        _figure(ctx, "streaming", "MosaicML StreamingDataset + DataLoader, warm", "baseline", epoch, note)
-    ]
+    return [Figure("streaming", "MosaicML StreamingDataset + DataLoader, warm", "baseline", epoch, note)]
 
 
 BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
