@@ -178,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         "pack",
         help="pack a folder of images into a store (decoded and resized in parallel)",
         description="Pack every image under SRC into a new store DEST, in sorted path order. Labels come "
-        "from --labels or from class subfolders (SRC/CLASS/...). Unreadable files are skipped and listed.",
+        "from --labels or from class subfolders (SRC/CLASS/...). Unreadable files are skipped and listed. "
+        "Images (JPEG, PNG, WebP, BMP, TIFF, GIF's first frame; recognised by content) are turned upright by "
+        "their EXIF orientation, composited on white where transparent, and resized with Lanczos3; images "
+        "over 100 megapixels are refused as decompression bombs.",
         epilog="exit status: 0 packed (skipped files are listed, not fatal); 1 failed (bad files with "
         "--strict, unreadable SRC, no images, bad labels, DEST exists); 2 usage error. Nothing is written "
         "at DEST unless the pack succeeds.",
