@@ -293,6 +293,13 @@ def test_pickles_by_path(store_path):
     assert epoch(copy) == epoch(ds)
 
 
+def test_a_closed_store_is_reopened_by_path(store_path):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4, shuffle=False, return_indices=True)
+    store.close()
+    assert sum(epoch(ds), []) == list(range(N))
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

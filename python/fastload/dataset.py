@@ -391,7 +391,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         return state
 
     def _open(self) -> Store:
-        if self._store is None or self._store_pid != os.getpid():
+        if self._store is None or self._store.closed or self._store_pid != os.getpid():
             self._store, self._store_pid = Store(self.path), os.getpid()
             self._pool = None
         return self._store
