@@ -14,6 +14,9 @@ pub mod writer;
 #[cfg(feature = "python")]
 mod bindings;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 pub use error::{Error, FormatError, Result};
 pub use format::{Header, LabelDtype};
 pub use store::Store;

@@ -1,8 +1,8 @@
 //! A read-only, memory-mapped store, validated in full before any access.
 
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -24,19 +24,39 @@ pub struct Store {
     identity: FileIdentity,
 }
 
-/// Device, inode and length of the file when it was opened, to detect replacement or truncation.
+/// Device, inode, length and modification time of the file when it was opened, to
+/// detect replacement, truncation or a rewrite in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileIdentity {
     pub dev: u64,
     pub ino: u64,
     pub len: u64,
+    /// Modification time in nanoseconds since the epoch.
+    pub mtime_ns: i128,
+}
+
+impl FileIdentity {
+    fn of(stat: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            dev: stat.dev(),
+            ino: stat.ino(),
+            len: stat.len(),
+            mtime_ns: stat.mtime() as i128 * 1_000_000_000 + stat.mtime_nsec() as i128,
+        }
+    }
 }
 
 impl Store {
     /// Opens and validates `path`: header, layout, file length and metadata, then maps it.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
         let path = path.as_ref();
-        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // O_NONBLOCK: opening a FIFO must not wait for a writer (it is then rejected as
+        // not a regular file); the flag has no effect on reads of regular files.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
         let stat = file.metadata().map_err(|e| Error::io(path, e))?;
         if !stat.is_file() {
             return Err(Error::io(path, std::io::Error::other("not a regular file")));
@@ -75,11 +95,7 @@ impl Store {
             }
         }
         let meta: Arc<str> = meta.into();
-        let identity = FileIdentity {
-            dev: stat.dev(),
-            ino: stat.ino(),
-            len,
-        };
+        let identity = FileIdentity::of(&stat);
         Ok(Store {
             path: path.to_path_buf(),
             map: Arc::new(map),
@@ -186,21 +202,26 @@ impl Store {
     /// reading a truncated mapping would raise SIGBUS, so readers check between epochs.
     pub fn check_unchanged(&self) -> Result<()> {
         let stat = std::fs::metadata(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        let now = FileIdentity {
-            dev: stat.dev(),
-            ino: stat.ino(),
-            len: stat.len(),
-        };
-        if now.dev == self.identity.dev
-            && now.ino == self.identity.ino
-            && now.len != self.identity.len
-        {
+        let now = FileIdentity::of(&stat);
+        if now.dev != self.identity.dev || now.ino != self.identity.ino {
+            // Replaced by a new file (rename): this mapping still holds the old one, intact.
+            return Ok(());
+        }
+        let advice = "never truncate or rewrite a store in place (replace it with a new pack)";
+        if now.len != self.identity.len {
             return Err(Error::format(
                 &self.path,
                 FormatError::Truncated(format!(
-                    "the mapped file changed length from {} to {} bytes while open; \
-                     never truncate or rewrite a store in place (replace it with a new pack)",
+                    "the mapped file changed length from {} to {} bytes while open; {advice}",
                     self.identity.len, now.len
+                )),
+            ));
+        }
+        if now.mtime_ns != self.identity.mtime_ns {
+            return Err(Error::io(
+                &self.path,
+                std::io::Error::other(format!(
+                    "the mapped file was modified in place while open; {advice}"
                 )),
             ));
         }

@@ -17,6 +17,7 @@ from fastload._core import StoreError
 PathLike = Union[str, "os.PathLike[str]"]
 
 LABEL_DTYPES = ("float64", "int64")
+INT64_MAX = np.iinfo(np.int64).max
 
 
 def _fspath(path: Any, what: str = "path") -> str:
@@ -54,15 +55,24 @@ def _as_writable_array(buf: Any, name: str, dtype: np.dtype, shape: Tuple[int, .
     return arr
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def as_indices(indices: Any) -> np.ndarray:
     """Converts a sequence of integers to a contiguous int64 array; rejects floats and booleans."""
     arr = np.asarray(indices)
     if arr.size == 0:
         arr = arr.astype(np.int64)
+    if arr.dtype == object and arr.ndim == 1 and all(_is_int(i) for i in arr.tolist()):
+        raise IndexError(f"index {max(arr.tolist(), key=abs)} is out of range (beyond 64 bits)")
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"indices must be integers, not {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"indices must be one-dimensional, not of shape {arr.shape}")
+    # Unsigned values past the int64 range would wrap to negative, i.e. count from the end.
+    if arr.dtype.kind == "u" and arr.size and arr.max() > INT64_MAX:
+        raise IndexError(f"index {arr.max()} is out of range (beyond int64)")
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
@@ -135,8 +145,10 @@ class Store:
 
     def __getitem__(self, index: int):
         """(image view H×W×C, label) of one record; negative indices count from the end."""
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        if not _is_int(index):
             raise TypeError(f"store indices must be integers, not {type(index).__name__}")
+        if not -INT64_MAX - 1 <= int(index) <= INT64_MAX:
+            raise IndexError(f"index {index} is out of range for a store of {self._len} records")
         i = self._core.resolve(int(index))
         return self.images[i], self.labels[i]
 
@@ -220,12 +232,14 @@ class StoreWriter:
         shape = tuple(shape)
         if len(shape) == 2:
             shape = (*shape, 1)
-        if len(shape) != 3 or not all(isinstance(s, (int, np.integer)) for s in shape):
+        if len(shape) != 3 or not all(_is_int(s) for s in shape):
             raise ValueError(f"shape must be (height, width, channels), not {shape!r}")
         if any(s <= 0 for s in shape) or any(s >= 2**32 for s in shape):
             raise ValueError(f"shape must have positive sides, not {shape!r}")
         if str(label_dtype) not in LABEL_DTYPES:
             raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
+        if meta is not None and not isinstance(meta, dict):
+            raise TypeError(f"meta must be a dict, not {type(meta).__name__}")
         self.meta = dict(meta or {})
         json.dumps(self.meta)  # fail now, not at commit, on unserializable metadata
         self.path = Path(path)
@@ -252,18 +266,22 @@ class StoreWriter:
             np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
         ):
             raise TypeError(f"labels must be numbers, not {arr.dtype}")
-        if (
-            self.label_dtype == np.int64
-            and not np.issubdtype(arr.dtype, np.integer)
-            and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)))
-        ):
-            raise ValueError("int64 labels must be whole numbers")
+        if self.label_dtype == np.int64:
+            # Casting would silently wrap or saturate values outside the int64 range.
+            if np.issubdtype(arr.dtype, np.floating):
+                whole = np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))
+                if not (whole and np.all(np.abs(arr) < 2.0**63)):
+                    raise ValueError("int64 labels must be whole numbers within the int64 range")
+            elif arr.dtype.kind == "u" and arr.size and arr.max() > INT64_MAX:
+                raise ValueError(f"int64 label {arr.max()} is beyond the int64 range")
         return np.ascontiguousarray(arr, dtype=self.label_dtype)
 
     def append(self, image: Any, label: Union[int, float]) -> None:
         """Appends one H×W×C uint8 image (H×W for one channel) and its label."""
         img = self._check_images(image, batch=False)
         lab = self._check_labels([label])
+        if lab.shape != (1,):
+            raise ValueError(f"label must be one number, not of shape {lab.shape[1:]}")
         self._core.append_many(img.reshape(-1), lab.view(np.uint8))
 
     def extend(self, images: Any, labels: Any) -> None:

@@ -1,0 +1,236 @@
+"""Every public function and CLI command given a plain user mistake answers with a clear
+exception naming the problem (or a message and a non-zero exit status), never a crash.
+
+Each row here is a row of the bad-input table in docs/RELIABILITY.md."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fastload import Store, StoreError, StoreWriter
+from fastload.dataset import FastLoadDataset, split_indices, to_device
+from fastload.store import info, verify
+
+AS_ROOT = os.geteuid() == 0
+
+
+class Files:
+    """Paths a user might pass by mistake, beside a valid 5-record 4×4×3 store."""
+
+    def __init__(self, tmp_path):
+        self.dir = tmp_path
+        self.store = tmp_path / "s.fastload"
+        with StoreWriter(self.store, (4, 4, 3)) as w:
+            w.extend(np.zeros((5, 4, 4, 3), np.uint8), np.arange(5.0))
+        self.missing = tmp_path / "missing.fastload"
+        self.empty = tmp_path / "empty.fastload"
+        self.empty.write_bytes(b"")
+        self.text = tmp_path / "notes.txt"
+        self.text.write_text("not a store\n" * 1000)
+        self.fifo = tmp_path / "fifo"
+        os.mkfifo(self.fifo)
+        self.locked = tmp_path / "locked.fastload"
+        self.locked.write_bytes(self.store.read_bytes())
+        self.locked.chmod(0)
+        self.new = tmp_path / "new.fastload"
+
+    def writer(self):
+        return StoreWriter(self.new, (2, 2, 3), label_dtype="int64")
+
+    def opened(self):
+        return Store(self.store)
+
+    def closed(self):
+        s = Store(self.store)
+        s.close()
+        return s
+
+
+IMG = np.zeros((2, 2, 3), np.uint8)
+
+# (what the user does, call, exception, fragment of the message)
+ROWS = [
+    # Store(path)
+    ("Store(None)", lambda f: Store(None), TypeError, "str or os.PathLike"),
+    ("Store(b'bytes path')", lambda f: Store(b"/tmp"), TypeError, "str or os.PathLike"),
+    ("Store(missing path)", lambda f: Store(f.missing), StoreError, "No such file"),
+    ("Store(directory)", lambda f: Store(f.dir), StoreError, "not a regular file"),
+    ("Store(empty file)", lambda f: Store(f.empty), StoreError, "truncated"),
+    ("Store(/dev/null)", lambda f: Store("/dev/null"), StoreError, "not a regular file"),
+    ("Store(FIFO)", lambda f: Store(f.fifo), StoreError, "not a regular file"),
+    ("Store(text file)", lambda f: Store(f.text), StoreError, "magic"),
+    ("Store(file without read permission)", lambda f: Store(f.locked), StoreError, "Permission denied"),
+    # store[i]
+    ("store[5] of 5 records", lambda f: f.opened()[5], IndexError, "out of range"),
+    ("store[-6] of 5 records", lambda f: f.opened()[-6], IndexError, "out of range"),
+    ("store[2**64 - 1]", lambda f: f.opened()[2**64 - 1], IndexError, "out of range"),
+    ("store[1.0]", lambda f: f.opened()[1.0], TypeError, "integers"),
+    ("store['a']", lambda f: f.opened()["a"], TypeError, "integers"),
+    ("store[True]", lambda f: f.opened()[True], TypeError, "integers"),
+    ("store[1:3]", lambda f: f.opened()[1:3], TypeError, "integers"),
+    # store.gather(indices, out, labels_out)
+    ("gather([5])", lambda f: f.opened().gather([5]), IndexError, "out of range"),
+    ("gather([2**64 - 1])", lambda f: f.opened().gather([2**64 - 1]), IndexError, "out of range"),
+    ("gather([2**63])", lambda f: f.opened().gather([2**63]), IndexError, "out of range"),
+    ("gather([2**70])", lambda f: f.opened().gather([2**70]), IndexError, "out of range"),
+    ("gather(uint64 array [2**64 - 1])", lambda f: f.opened().gather(np.array([2**64 - 1], np.uint64)), IndexError, "out of range"),
+    ("gather([1.5])", lambda f: f.opened().gather([1.5]), TypeError, "integers"),
+    ("gather([True])", lambda f: f.opened().gather([True]), TypeError, "integers"),
+    ("gather(None)", lambda f: f.opened().gather(None), TypeError, "integers"),
+    ("gather('abc')", lambda f: f.opened().gather("abc"), TypeError, "integers"),
+    ("gather(3) (a scalar)", lambda f: f.opened().gather(3), ValueError, "one-dimensional"),
+    ("gather([[1]])", lambda f: f.opened().gather([[1]]), ValueError, "one-dimensional"),
+    ("gather(out=list)", lambda f: f.opened().gather([1], out=[0]), TypeError, "NumPy array or a torch tensor"),
+    ("gather(out=float32 array)", lambda f: f.opened().gather([1], out=np.zeros((1, 4, 4, 3), np.float32)), TypeError, "uint8"),
+    ("gather(out=wrong shape)", lambda f: f.opened().gather([1], out=np.zeros((2, 4, 4, 3), np.uint8)), ValueError, "shape"),
+    ("gather(out=non-contiguous)", lambda f: f.opened().gather([1], out=np.zeros((1, 4, 8, 3), np.uint8)[:, :, ::2]), ValueError, "contiguous"),
+    ("gather(out=read-only view)", lambda f: f.opened().gather([1], out=f.opened().images[:1]), ValueError, "writable"),
+    ("gather(out=tensor on another device)", lambda f: f.opened().gather([1], out=torch.zeros((1, 4, 4, 3), dtype=torch.uint8, device="meta")), ValueError, "CPU tensor"),
+    ("gather(out=tensor requiring grad)", lambda f: f.opened().gather([1], out=torch.zeros((1, 4, 4, 3), requires_grad=True)), ValueError, "grad"),
+    ("gather(labels_out=int64 for float64 labels)", lambda f: f.opened().gather([1], labels_out=np.zeros(1, np.int64)), TypeError, "float64"),
+    ("will_need([9])", lambda f: f.opened().will_need([9]), IndexError, "out of range"),
+    ("will_need(['a'])", lambda f: f.opened().will_need(["a"]), TypeError, "integers"),
+    # a closed store
+    ("closed store.gather", lambda f: f.closed().gather([0]), StoreError, "closed"),
+    ("closed store.images", lambda f: f.closed().images, StoreError, "closed"),
+    ("closed store[0]", lambda f: f.closed()[0], StoreError, "closed"),
+    ("closed store.verify()", lambda f: f.closed().verify(), StoreError, "closed"),
+    # StoreWriter(path, shape, label_dtype, meta)
+    ("StoreWriter(None, ...)", lambda f: StoreWriter(None, (2, 2, 3)), TypeError, "str or os.PathLike"),
+    ("StoreWriter('', ...)", lambda f: StoreWriter("", (2, 2, 3)), ValueError, "not a file path"),
+    ("StoreWriter(directory, ...)", lambda f: StoreWriter(f.dir, (2, 2, 3)), StoreError, "is a directory"),
+    ("StoreWriter(existing store, ...)", lambda f: StoreWriter(f.store, (2, 2, 3)), FileExistsError, "overwrite"),
+    ("StoreWriter(path in a missing folder, ...)", lambda f: StoreWriter(f.dir / "no" / "x", (2, 2, 3)), StoreError, "No such file"),
+    ("StoreWriter(path under a file, ...)", lambda f: StoreWriter(f.store / "x", (2, 2, 3)), StoreError, "Not a directory"),
+    ("StoreWriter(path in a read-only folder, ...)", lambda f: StoreWriter("/proc/x.fastload", (2, 2, 3)), StoreError, "/proc"),
+    ("StoreWriter(shape=5)", lambda f: StoreWriter(f.new, 5), TypeError, "not iterable"),
+    ("StoreWriter(shape=(2, 2, 2))", lambda f: StoreWriter(f.new, (2, 2, 2)), ValueError, "channels"),
+    ("StoreWriter(shape=(0, 2, 3))", lambda f: StoreWriter(f.new, (0, 2, 3)), ValueError, "positive"),
+    ("StoreWriter(shape=(-1, 2, 3))", lambda f: StoreWriter(f.new, (-1, 2, 3)), ValueError, "positive"),
+    ("StoreWriter(shape=(2**32, 2, 3))", lambda f: StoreWriter(f.new, (2**32, 2, 3)), ValueError, "positive"),
+    ("StoreWriter(shape=(2.0, 2, 3))", lambda f: StoreWriter(f.new, (2.0, 2, 3)), ValueError, "height, width, channels"),
+    ("StoreWriter(shape=(True, True, 3))", lambda f: StoreWriter(f.new, (True, True, 3)), ValueError, "height, width, channels"),
+    ("StoreWriter(shape=(2, 2, 3, 1))", lambda f: StoreWriter(f.new, (2, 2, 3, 1)), ValueError, "height, width, channels"),
+    ("StoreWriter(label_dtype='int32')", lambda f: StoreWriter(f.new, (2, 2, 3), label_dtype="int32"), ValueError, "label_dtype"),
+    ("StoreWriter(meta=[1])", lambda f: StoreWriter(f.new, (2, 2, 3), meta=[1]), TypeError, "meta must be a dict"),
+    ("StoreWriter(meta={'a': object()})", lambda f: StoreWriter(f.new, (2, 2, 3), meta={"a": object()}), TypeError, "JSON serializable"),
+    # writer.append / extend / commit
+    ("append(float32 image)", lambda f: f.writer().append(np.zeros((2, 2, 3), np.float32), 1), TypeError, "uint8"),
+    ("append(image of another shape)", lambda f: f.writer().append(np.zeros((2, 3, 3), np.uint8), 1), ValueError, "does not match"),
+    ("append(None, 1)", lambda f: f.writer().append(None, 1), TypeError, "uint8"),
+    ("append(image, 'a')", lambda f: f.writer().append(IMG, "a"), TypeError, "numbers"),
+    ("append(image, None)", lambda f: f.writer().append(IMG, None), TypeError, "numbers"),
+    ("append(image, True)", lambda f: f.writer().append(IMG, True), TypeError, "numbers"),
+    ("append(image, [1, 2])", lambda f: f.writer().append(IMG, [1, 2]), ValueError, "one number"),
+    ("append(image, 1.5) to int64 labels", lambda f: f.writer().append(IMG, 1.5), ValueError, "whole numbers"),
+    ("append(image, nan) to int64 labels", lambda f: f.writer().append(IMG, float("nan")), ValueError, "whole numbers"),
+    ("append(image, 1e30) to int64 labels", lambda f: f.writer().append(IMG, 1e30), ValueError, "int64 range"),
+    ("append(image, 2**63) to int64 labels", lambda f: f.writer().append(IMG, 2**63), ValueError, "int64 range"),
+    ("extend(2 images, 1 label)", lambda f: f.writer().extend(np.zeros((2, 2, 2, 3), np.uint8), [1]), ValueError, "labels of shape"),
+    ("extend(images, 2-D labels)", lambda f: f.writer().extend(np.zeros((2, 2, 2, 3), np.uint8), [[1], [2]]), ValueError, "labels of shape"),
+    ("extend([], [])", lambda f: f.writer().extend([], []), TypeError, "uint8"),
+    ("commit() twice", lambda f: [w.commit() for w in [f.writer()] * 2], ValueError, "already committed"),
+    ("append after commit", lambda f: [w.commit() and w.append(IMG, 1) for w in [f.writer()]], ValueError, "already committed"),
+    # fastload.store.info / verify
+    ("info(missing path)", lambda f: info(f.missing), StoreError, "No such file"),
+    ("info(None)", lambda f: info(None), TypeError, "str or os.PathLike"),
+    ("verify(directory)", lambda f: verify(f.dir), StoreError, "not a regular file"),
+    ("verify(text file)", lambda f: verify(f.text), StoreError, "magic"),
+    # FastLoadDataset
+    ("FastLoadDataset(None, 2)", lambda f: FastLoadDataset(None, 2), TypeError, "str or os.PathLike"),
+    ("FastLoadDataset(missing path, 2)", lambda f: FastLoadDataset(f.missing, 2), StoreError, "No such file"),
+    ("FastLoadDataset(directory, 2)", lambda f: FastLoadDataset(f.dir, 2), StoreError, "not a regular file"),
+    ("FastLoadDataset(store, batch_size=0)", lambda f: FastLoadDataset(f.store, 0), ValueError, "batch_size"),
+    ("FastLoadDataset(store, batch_size=2.0)", lambda f: FastLoadDataset(f.store, 2.0), ValueError, "batch_size"),
+    ("FastLoadDataset(order='x')", lambda f: FastLoadDataset(f.store, 2, order="x"), ValueError, "order"),
+    ("FastLoadDataset(indices=[9]) of 5 records", lambda f: FastLoadDataset(f.store, 2, indices=[9]), IndexError, "out of range"),
+    ("FastLoadDataset(indices=[-1])", lambda f: FastLoadDataset(f.store, 2, indices=[-1]), IndexError, "out of range"),
+    ("FastLoadDataset(indices=[2**64 - 1])", lambda f: FastLoadDataset(f.store, 2, indices=[2**64 - 1]), IndexError, "out of range"),
+    ("FastLoadDataset(indices=[1.0])", lambda f: FastLoadDataset(f.store, 2, indices=[1.0]), TypeError, "integers"),
+    ("FastLoadDataset(rank=3, world_size=2)", lambda f: FastLoadDataset(f.store, 2, rank=3, world_size=2), ValueError, "rank"),
+    ("FastLoadDataset(world_size=0)", lambda f: FastLoadDataset(f.store, 2, rank=0, world_size=0), ValueError, "world_size"),
+    ("FastLoadDataset(prefetch=0)", lambda f: FastLoadDataset(f.store, 2, prefetch=0), ValueError, "prefetch"),
+    ("FastLoadDataset(seed=-1)", lambda f: FastLoadDataset(f.store, 2, seed=-1), ValueError, "seed"),
+    ("dataset.set_epoch(-1)", lambda f: FastLoadDataset(f.store, 2).set_epoch(-1), ValueError, "epoch"),
+    ("dataset.load_state_dict({})", lambda f: FastLoadDataset(f.store, 2).load_state_dict({}), KeyError, "missing"),
+    ("dataset.load_state_dict(position beyond the epoch)", lambda f: FastLoadDataset(f.store, 2).load_state_dict({"seed": 0, "epoch": 0, "position": 99}), ValueError, "beyond"),
+    # to_device
+    ("to_device(NumPy array)", lambda f: to_device(np.zeros((1, 2, 2, 3), np.uint8), "cpu"), TypeError, "uint8 tensor"),
+    ("to_device(float tensor)", lambda f: to_device(torch.zeros((1, 2, 2, 3)), "cpu"), TypeError, "uint8 tensor"),
+    ("to_device(3-D tensor)", lambda f: to_device(torch.zeros((2, 2, 3), dtype=torch.uint8), "cpu"), TypeError, "uint8 tensor"),
+    ("to_device(dtype=torch.int32)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", dtype=torch.int32), TypeError, "floating-point"),
+    ("to_device(mean of 2 values for 3 channels)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", mean=[1, 2]), ValueError, "mean"),
+    ("to_device(std with a zero)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", std=[0, 1, 1]), ValueError, "std"),
+    ("to_device(unknown device)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "nodevice"), RuntimeError, "device"),
+    # split_indices
+    ("split_indices(-1, 0.1)", lambda f: split_indices(-1, 0.1), ValueError, "n must be"),
+    ("split_indices(10, 2.0)", lambda f: split_indices(10, 2.0), ValueError, "val_fraction"),
+    ("split_indices(10, nan)", lambda f: split_indices(10, float("nan")), ValueError, "val_fraction"),
+    ("split_indices(missing path, 0.1)", lambda f: split_indices(f.missing, 0.1), StoreError, "No such file"),
+]
+
+NEEDS_NON_ROOT = {"Store(file without read permission)"}
+
+
+@pytest.fixture
+def files(tmp_path):
+    return Files(tmp_path)
+
+
+@pytest.mark.parametrize("call,error,fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_raises_a_clear_error(request, files, call, error, fragment):
+    if request.node.callspec.id in NEEDS_NON_ROOT and AS_ROOT:
+        pytest.skip("root ignores file permissions")
+    with pytest.raises(error) as info_:
+        call(files)
+    assert fragment in str(info_.value)
+
+
+def test_rows_name_distinct_inputs():
+    names = [r[0] for r in ROWS]
+    assert len(names) == len(set(names))
+
+
+def test_a_failed_call_leaves_no_partial_file(files):
+    with pytest.raises(ValueError):
+        files.writer().append(IMG, 1.5)
+    import gc
+
+    gc.collect()
+    assert sorted(p.name for p in files.dir.iterdir() if "partial" in p.name) == []
+
+
+# (arguments of `python -m fastload`, exit status, fragment of stderr)
+CLI_ROWS = [
+    (["info", "{missing}"], 1, "No such file"),
+    (["info", "{dir}"], 1, "not a regular file"),
+    (["info", "{empty}"], 1, "truncated"),
+    (["info", "{fifo}"], 1, "not a regular file"),
+    (["info", "/dev/null"], 1, "not a regular file"),
+    (["info", "{text}"], 1, "magic"),
+    (["verify", "{missing}"], 1, "No such file"),
+    (["verify", "{text}"], 1, "magic"),
+    (["verify", "{dir}"], 1, "not a regular file"),
+    ([], 2, "usage"),
+    (["nosuchcommand"], 2, "invalid choice"),
+    (["info"], 2, "required"),
+    (["verify", "a", "b"], 2, "unrecognized arguments"),
+]
+
+
+def run_cli(args):
+    return subprocess.run(
+        [sys.executable, "-m", "fastload", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("args,status,fragment", CLI_ROWS, ids=[" ".join(r[0]) or "(none)" for r in CLI_ROWS])
+def test_cli_bad_input_exits_with_a_message(files, args, status, fragment):
+    result = run_cli([a.format(**vars(files)) for a in args])
+    assert result.returncode == status, result.stderr
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
