@@ -14,7 +14,8 @@
 //! - the resampling filter is Lanczos3 with a support widened by the downscale factor
 //!   (antialiased; the same as Pillow's `Image.LANCZOS`);
 //! - images over [`MAX_PIXELS`] pixels, or whose decoding would allocate more than
-//!   [`MAX_DECODE_ALLOC`] bytes, are refused (decompression bombs).
+//!   [`MAX_DECODE_ALLOC`] bytes, are refused (decompression bombs), and so are files
+//!   larger than [`MAX_DECODE_ALLOC`] (they are read whole before decoding).
 
 use std::fs::File;
 use std::io::{Cursor, Read};
@@ -33,7 +34,7 @@ use crate::pool;
 
 /// Largest image accepted, in pixels (width × height): 100 megapixels.
 pub const MAX_PIXELS: u64 = 100_000_000;
-/// Most memory one decode may allocate: 1 GiB.
+/// Most memory one decode may allocate, and the largest file read: 1 GiB.
 pub const MAX_DECODE_ALLOC: u64 = 1 << 30;
 /// Colour that transparent pixels are composited on.
 pub const ALPHA_BACKGROUND: [u8; 3] = [255, 255, 255];
@@ -174,6 +175,12 @@ fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
     let len = file.metadata().map_err(cannot_read)?.len();
     if len == 0 {
         return Err("empty file".into());
+    }
+    if len > MAX_DECODE_ALLOC {
+        return Err(format!(
+            "refused: a {len}-byte file exceeds the {} MiB limit",
+            MAX_DECODE_ALLOC >> 20
+        ));
     }
     let mut bytes = Vec::with_capacity(len as usize);
     (&mut file)
@@ -323,6 +330,7 @@ fn resize_into(
 mod tests {
     use super::*;
     use image::{ImageEncoder, Rgb, Rgba};
+    use std::io::Write;
 
     fn encode(image: &DynamicImage, format: ImageFormat) -> Vec<u8> {
         let mut out = Cursor::new(Vec::new());
@@ -438,6 +446,17 @@ mod tests {
             }
         }
         !crc
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("huge.jpg");
+        let file = File::create(&path).unwrap();
+        (&file).write_all(&[0xFF, 0xD8, 0xFF, 0xE0]).unwrap();
+        file.set_len(MAX_DECODE_ALLOC + 1).unwrap(); // sparse: takes no disk space
+        let err = read_image_file(&path).unwrap_err();
+        assert!(err.starts_with("refused"), "{err}");
     }
 
     #[test]
