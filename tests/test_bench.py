@@ -197,3 +197,45 @@ def test_plain_table_without_rich(quick_run, monkeypatch, capsys):
     assert [r.startswith(row["method"]) for r, row in zip(rows, results["rows"])] == [True] * len(rows)
     assert len({len(r) for r in [lines[0], *rows]}) == 1  # aligned columns
     assert any(line.startswith("verdict: ") for line in lines)
+
+
+def _row(method, images_per_s, stage="x"):
+    return {"method": method, "stage": stage, "images_per_s": images_per_s, "gb_per_s": images_per_s / 1e4}
+
+
+@pytest.mark.parametrize(
+    "f32, u8, advice, narrowest",
+    [
+        (5_600, 22_000, "send uint8", "the loader, at 14,000 img/s"),
+        (20_000, 80_000, "the link keeps up either way", "the loader, at 14,000 img/s"),
+        (
+            2_000,
+            8_000,
+            "the link bounds the path even as uint8",
+            "the host-to-device link (uint8), at 8,000 img/s",
+        ),
+    ],
+)
+def test_verdict_names_the_narrowest_stage_with_a_gpu(f32, u8, advice, narrowest):
+    # The CUDA stages cannot run on a machine without a GPU; their verdict can be checked.
+    rows = [
+        _row("memcpy, 2 threads", 60_000, stage="memcpy"),
+        _row("FastLoadDataset, warm, random", 14_000),
+        _row("host-to-device, pinned float32", f32),
+        _row("host-to-device, pinned uint8", u8),
+    ]
+    text = bench.verdict(rows, {"ram_bytes": 10**12}, file_bytes=10**9)
+    assert f"as float32 and {u8:,} img/s as uint8: {advice}" in text
+    assert text.endswith(f"the narrowest stage is {narrowest}.")
+
+
+def test_verdict_blames_the_disk_when_the_store_does_not_fit_in_ram():
+    rows = [
+        _row("FastLoadDataset, warm, random", 14_000),
+        _row("FastLoadDataset, cold, random", 900),
+        _row("sequential read, cold", 1_200),
+    ]
+    text = bench.verdict(rows, {"ram_bytes": 10**9}, file_bytes=10**10)
+    assert text.endswith("the narrowest stage is the disk (the store does not fit in RAM), at 1,200 img/s.")
+    fits = bench.verdict(rows, {"ram_bytes": 10**12}, file_bytes=10**10)
+    assert "the disk bounds only the first epoch" in fits and fits.endswith("the loader, at 14,000 img/s.")

@@ -851,7 +851,7 @@ def verdict(rows: List[dict], plan: dict, file_bytes: int) -> str:
         elif disk["images_per_s"] < loader["images_per_s"]:
             parts.append("the store fits in RAM, so the disk bounds only the first epoch")
     name, narrowest = min(path, key=lambda stage: stage[1]["images_per_s"])
-    parts.append(f"the narrowest stage is {name} ({_rate(narrowest)})")
+    parts.append(f"the narrowest stage is {name}, at {_rate(narrowest)}")
     return "; ".join(parts) + "."
 
 
