@@ -18,7 +18,7 @@ from fastload.train import fit, prepare_images
 COUNT, SIDE = 200, 16
 # One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region
 # otherwise waits for a descheduled thread (tens of times slower).
-FAST = dict(batch_size=16, lr=1e-2, device="cpu", threads=1)
+FAST = dict(batch_size=16, lr=3e-2, device="cpu", threads=1)
 STEPS_PER_EPOCH = math.ceil(180 / 16)  # 10% of the 200 records are held out for validation
 
 
@@ -94,6 +94,14 @@ def test_resume_mid_epoch_gives_identical_parameters(store_path, exposure_path, 
         assert torch.equal(a[name], b[name]), name
     for key in ("train_loss", "val_rmse", "val_mae"):
         assert straight.history[-1][key] == resumed.history[-1][key]
+
+
+def test_worker_processes_train_the_same_model(store_path):
+    # The epoch order depends on (seed, epoch) only, never on the number of workers.
+    options = dict(epochs=1, deterministic=True, **FAST)
+    rust_threads, processes = fit(store_path, **options), fit(store_path, workers=2, **options)
+    a, b = _parameters(rust_threads.model), _parameters(processes.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
 
 
 def test_monotone_inputs_reach_a_monotone_model(store_path, exposure_path):

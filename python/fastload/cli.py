@@ -119,6 +119,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
+        schedule=args.schedule,
         device=args.device,
         amp=args.amp,
         workers=args.workers,
@@ -239,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--val-fraction", type=float, default=0.1, help="share of STORE held out (default 0.1)")
     p.add_argument("--epochs", type=int, default=10, help="default 10")
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine", help="learning-rate schedule")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     p.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off", help="mixed precision")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers; 0 = Rust threads only")
