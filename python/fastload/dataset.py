@@ -172,6 +172,11 @@ class _BufferPool:
         if self._reuse:
             self._lent.append(buf)
 
+    def give_back(self, buf: _Buffer) -> None:
+        """Returns a buffer that was filled but never handed to the user."""
+        if self._reuse:
+            self._free.append(buf)
+
     def reclaim(self) -> None:
         """Frees lent buffers the user has let go of (called by the consumer thread, whose
         current CUDA stream is the one the user's copies were queued on)."""
@@ -192,13 +197,26 @@ class _Failure:
         self.exc = exc
 
 
-def _put(out: queue.Queue, item: Any, stop: threading.Event) -> None:
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Queues `item` unless told to stop first; says whether it did."""
     while not stop.is_set():
         try:
             out.put(item, timeout=0.05)
-            return
+            return True
         except queue.Full:
             pass
+    return False
+
+
+def _drain(ready: queue.Queue, pool: _BufferPool) -> None:
+    """Empties the queue of batches nobody will take, giving their buffers back to the pool."""
+    while True:
+        try:
+            item = ready.get_nowait()
+        except queue.Empty:
+            return
+        if not isinstance(item, _Failure):
+            pool.give_back(item[0])
 
 
 def _major_faults() -> int:
@@ -251,7 +269,8 @@ def _prefetch(
             buf = pool.take()
             n = len(idx)
             store.gather(idx, out=buf.images[:n], labels_out=buf.labels[:n])
-            _put(out, (buf, n, idx), stop)
+            if not _put(out, (buf, n, idx), stop):
+                pool.give_back(buf)
     except BaseException as exc:  # handed to the consumer, which raises it
         _put(out, _Failure(exc), stop)
     finally:
@@ -512,12 +531,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 self._progress = None
         finally:
             stop.set()
-            while True:
-                try:
-                    ready.get_nowait()
-                except queue.Empty:
-                    break
+            _drain(ready, pool)  # unblocks the prefetch thread
             thread.join()
+            _drain(ready, pool)
 
 
 def to_device(
