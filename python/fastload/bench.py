@@ -170,6 +170,13 @@ class Context:
         return [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _cpu_seconds() -> float:
     """CPU time of this process and its reaped children (DataLoader workers), all threads."""
     own = resource.getrusage(resource.RUSAGE_SELF)
@@ -230,7 +237,7 @@ def bench_memcpy(ctx: Context) -> List[Figure]:
     every core (numpy releases the GIL for large copies). The copies go in pieces of about
     256 KiB, whole records each, as a loader copies records: one multi-megabyte memcpy would
     switch to non-temporal stores and bypass the cache that the batch buffer lives in."""
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = usable_cores()
     batch_bytes = ctx.batch_size * ctx.image_nbytes
     piece = max(1, (256 << 10) // ctx.image_nbytes) * ctx.image_nbytes
     rows = max(ctx.plan.copy_bytes // batch_bytes, threads)
@@ -424,17 +431,19 @@ def bench_to_device(ctx: Context) -> List[Figure]:
 # ---------------------------------------------------------------- baselines
 
 
-def _memmap_images(ctx: Context) -> np.ndarray:
-    """The store's image section as a plain np.memmap (N × stride bytes), the way a user
-    without fastload would map a raw array file."""
-    return np.memmap(ctx.path, dtype=np.uint8, mode="r", offset=4096, shape=(ctx.count, ctx.stride))
+def map_image_section(path: str, count: int, stride: int) -> np.memmap:
+    """The store's image section (after the 4096-byte header) as a plain N × stride np.memmap,
+    the way a user without fastload maps a raw array file."""
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=4096, shape=(count, stride))
 
 
 def bench_memmap(ctx: Context) -> List[Figure]:
     """np.memmap fancy indexing of shuffled batches (a new array per batch, as users write it),
     the mapping kept across runs like fastload's warm runs."""
     batches = ctx.batches(ctx.order())
-    mapped = _memmap_images(ctx)  # unmapped with the trial, when the warm figures are done
+    mapped = map_image_section(
+        ctx.path, ctx.count, ctx.stride
+    )  # unmapped with the trial, when the warm figures are done
 
     def epoch() -> Tuple[float, int]:
         for idx in batches:
@@ -459,9 +468,7 @@ class MemmapRecords:
 
     def __getitem__(self, i: int):
         if self._images is None:
-            self._images = np.memmap(
-                self.path, dtype=np.uint8, mode="r", offset=4096, shape=(self.count, self.stride)
-            )
+            self._images = map_image_section(self.path, self.count, self.stride)
         nbytes = int(np.prod(self.shape))
         return np.array(self._images[i, :nbytes]).reshape(self.shape), self.labels[i]
 
@@ -546,9 +553,7 @@ def _write_jpegs(ctx: Context, folder: Path) -> Tuple[List[str], str]:
         for i in np.linspace(0, ctx.sample - 1, count).astype(np.int64).tolist():
             image, _ = store.gather([i])
             path = folder / f"{i:08d}.jpg"
-            Image.fromarray(image[0].squeeze(axis=2) if channels == 1 else image[0], mode).save(
-                path, quality=90
-            )
+            Image.fromarray(image[0].squeeze(axis=2) if channels == 1 else image[0]).save(path, quality=90)
             files.append(str(path))
     return files, mode
 
@@ -688,7 +693,7 @@ def describe_machine() -> dict:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cores": usable_cores(),
         "fastload_threads": _core.num_threads(),
         "ram_bytes": machine_memory(),
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
