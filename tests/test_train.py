@@ -71,29 +71,37 @@ def _parameters(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def test_resume_mid_epoch_gives_identical_parameters(store_path, exposure_path, tmp_path):
-    options = dict(epochs=2, monotone_inputs=exposure_path, deterministic=True, **FAST)
-    straight = fit(store_path, **options)
+@pytest.fixture(scope="module")
+def straight_run(store_path, exposure_path):
+    return fit(store_path, epochs=2, monotone_inputs=exposure_path, deterministic=True, **FAST)
 
+
+# Stopped in the middle of epoch 1, and after the last batch of epoch 0 but before its validation.
+@pytest.mark.parametrize("stop_after", [STEPS_PER_EPOCH + STEPS_PER_EPOCH // 2, STEPS_PER_EPOCH])
+def test_resume_gives_identical_parameters(stop_after, straight_run, store_path, exposure_path, tmp_path):
+    options = dict(epochs=2, monotone_inputs=exposure_path, deterministic=True, **FAST)
     ckpt = tmp_path / "run.ckpt"
-    middle_of_epoch_1 = STEPS_PER_EPOCH + STEPS_PER_EPOCH // 2
-    stopped = fit(store_path, checkpoint=ckpt, max_steps=middle_of_epoch_1, **options)
-    assert not stopped.completed and stopped.steps == middle_of_epoch_1 and len(stopped.history) == 1
+    stopped = fit(store_path, checkpoint=ckpt, max_steps=stop_after, **options)
+    assert not stopped.completed and stopped.steps == stop_after
+    assert len(stopped.history) == (stop_after - 1) // STEPS_PER_EPOCH  # epochs validated before the stop
     assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no partial files left behind
     # Disturb the global RNGs: resuming must restore them.
     torch.manual_seed(1234)
     np.random.seed(99)
     resumed = fit(store_path, resume=ckpt, checkpoint=ckpt, **options)
-    assert resumed.completed and resumed.steps == straight.steps
+    assert resumed.completed and resumed.steps == straight_run.steps
 
     # CPU kernels are deterministic here, and the resumed run replays exactly the remaining
     # batches with the same optimizer, BatchNorm and RNG state: bitwise equality, no tolerance.
-    a, b = _parameters(straight.model), _parameters(resumed.model)
+    a, b = _parameters(straight_run.model), _parameters(resumed.model)
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    for key in ("train_loss", "val_rmse", "val_mae"):
-        assert straight.history[-1][key] == resumed.history[-1][key]
+    assert len(resumed.history) == len(straight_run.history) == 2
+    for straight, again in zip(straight_run.history, resumed.history):
+        assert [straight[k] for k in ("train_loss", "val_rmse", "val_mae")] == [
+            again[k] for k in ("train_loss", "val_rmse", "val_mae")
+        ]
 
 
 def test_worker_processes_train_the_same_model(store_path):

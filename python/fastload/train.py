@@ -448,6 +448,10 @@ def fit(
         raise ValueError(f"size must be at least 8 pixels, not {size}")
     resolved = resolve_device(device)
     amp_dtype = AMP_DTYPES[amp]
+    if checkpoint is not None:
+        checkpoint = _fspath(checkpoint, "checkpoint")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(checkpoint))):
+            raise ValueError(f"checkpoint {checkpoint}: its directory does not exist")
     saved = _load_checkpoint(resume) if resume is not None else None
 
     train_store = _open_regression_store(store, "store")
@@ -491,6 +495,12 @@ def fit(
 
     train_labels = np.asarray(train_store.labels)[train_idx]
     val_labels = np.asarray(val_store.labels)[val_idx]
+    for what, path, labels in (
+        ("store", train_store.path, train_labels),
+        ("validation", val_store.path, val_labels),
+    ):
+        if not np.all(np.isfinite(labels)):
+            raise ValueError(f"{what} {path} has NaN or infinite labels; a regression target must be finite")
     baseline_rmse = float(np.sqrt(np.mean((val_labels - train_labels.mean()) ** 2)))
     output_min, output_max = _output_range(train_labels)
     mean, std = _channel_statistics(train_store, train_idx, seed)
@@ -548,7 +558,7 @@ def fit(
             learning_rate=lambda step, total: learning_rate(schedule, lr, step, total),
             workers=workers,
             amp_dtype=amp_dtype,
-            checkpoint=_fspath(checkpoint, "checkpoint") if checkpoint is not None else None,
+            checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             max_steps=max_steps,
             baseline_rmse=baseline_rmse,
@@ -620,17 +630,15 @@ def _run(
         _set_rng_state(saved["rng"])
 
     def save(epoch_index: int, meter: Optional[_EpochMeter]) -> None:
-        """Mid-epoch (with ``meter``) the checkpoint also holds where the dataset stands: its own
-        state at num_workers=0, the same state built from the batches consumed with workers
-        (whose progress the dataset object in this process cannot see)."""
+        """Mid-epoch (with ``meter``) the checkpoint also holds where the dataset stands, in
+        ``FastLoadDataset.state_dict()`` form, counted from the batches this loop consumed: exact
+        with worker processes too (whose progress the dataset object here cannot see), and after
+        an epoch's last batch, before its validation, too."""
         if checkpoint is None:
             return
         mid_epoch = None
         if meter is not None:
-            if workers == 0:
-                dataset_state = train_ds.state_dict()
-            else:
-                dataset_state = {"seed": train_ds.seed, "epoch": epoch_index, "position": meter.steps}
+            dataset_state = {"seed": train_ds.seed, "epoch": epoch_index, "position": meter.steps}
             mid_epoch = {"dataset": dataset_state, "meter": meter.state()}
         _save_atomically(
             {
@@ -654,6 +662,8 @@ def _run(
     train_loader = _make_loader(train_ds, workers, device)
     val_loader = _make_loader(val_ds, workers, device)
     total_steps = epochs * len(train_ds)
+    if max_steps is not None and step >= max_steps:
+        return result(completed=False)
     model.train()
     for epoch in range(epoch, epochs):  # noqa: B020 - continues from the checkpoint's epoch
         train_ds.set_epoch(epoch)
