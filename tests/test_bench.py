@@ -143,6 +143,7 @@ def test_temporary_store_is_written_and_removed(tmp_path, monkeypatch):
         ({"repeats": 2}, "at least 3"),
         ({"images": 10}, "go together"),
         ({"size_gb": 1.0}, "not both"),
+        ({"json_path": "/nonexistent-dir/b.json"}, "directory does not exist"),
     ],
 )
 def test_bad_arguments_are_refused(tiny_store, kwargs, message):
@@ -224,7 +225,7 @@ def test_verdict_names_the_narrowest_stage_with_a_gpu(f32, u8, advice, narrowest
         _row("host-to-device, pinned float32", f32),
         _row("host-to-device, pinned uint8", u8),
     ]
-    text = bench.verdict(rows, {"ram_bytes": 10**12}, file_bytes=10**9)
+    text = bench.verdict(rows, {"ram_bytes": 10**12, "uint8_bytes": 10**9})
     assert f"as float32 and {u8:,} img/s as uint8: {advice}" in text
     assert text.endswith(f"the narrowest stage is {narrowest}.")
 
@@ -235,7 +236,7 @@ def test_verdict_blames_the_disk_when_the_store_does_not_fit_in_ram():
         _row("FastLoadDataset, cold, random", 900),
         _row("sequential read, cold", 1_200),
     ]
-    text = bench.verdict(rows, {"ram_bytes": 10**9}, file_bytes=10**10)
+    text = bench.verdict(rows, {"ram_bytes": 10**9, "uint8_bytes": 10**10})
     assert text.endswith("the narrowest stage is the disk (the store does not fit in RAM), at 1,200 img/s.")
-    fits = bench.verdict(rows, {"ram_bytes": 10**12}, file_bytes=10**10)
+    fits = bench.verdict(rows, {"ram_bytes": 10**12, "uint8_bytes": 10**10})
     assert "the disk bounds only the first epoch" in fits and fits.endswith("the loader, at 14,000 img/s.")

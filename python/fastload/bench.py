@@ -816,8 +816,9 @@ def _rate(row: Optional[dict]) -> str:
     return f"{row['images_per_s']:,.0f} img/s" if row else "?"
 
 
-def verdict(rows: List[dict], plan: dict, file_bytes: int) -> str:
-    """Names the narrowest stage of the path from storage to the training step."""
+def verdict(rows: List[dict], plan: dict) -> str:
+    """Names the narrowest stage of the path from storage to the training step, for the
+    dataset of the memory plan `plan` (the store's, or the one the user plans)."""
     loader = _reference(rows, *FASTLOAD_REFERENCE)
     if loader is None:
         return "no fastload stage ran: nothing to compare the limits with"
@@ -827,7 +828,7 @@ def verdict(rows: List[dict], plan: dict, file_bytes: int) -> str:
     f32 = _reference(rows, "host-to-device, pinned float32")
     u8 = _reference(rows, "host-to-device, pinned uint8")
     end_to_end = _reference(rows, "FastLoadDataset + to_device")
-    fits = file_bytes <= 0.8 * plan["ram_bytes"]
+    fits = plan["uint8_bytes"] <= 0.8 * plan["ram_bytes"]
     parts = [f"the loader ({loader['method']}) delivers {_rate(loader)}"]
     path = [("the loader", loader)]
     if memcpy:
@@ -892,6 +893,9 @@ def run(
         raise ValueError("images and size go together: a memory plan for IMAGES images of SIZE×SIZE×3")
     if images is not None and (images < 1 or size < 1):
         raise ValueError(f"images and size must be positive, not {images} and {size}")
+    for output in (json_path, plot_path):
+        if output is not None and not Path(_fspath(output, "output path")).parent.is_dir():
+            raise ValueError(f"{output}: its directory does not exist (checked before the run, not after it)")
     if plot_path is not None:
         _require_matplotlib()
     if store is not None:
@@ -954,7 +958,7 @@ def run(
             "memory_plan": memory,
         }
     )
-    results["verdict"] = verdict(results["rows"], memory, ctx.file_size)
+    results["verdict"] = verdict(results["rows"], memory)
     results["targets"] = _targets(results["rows"])
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
