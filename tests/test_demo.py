@@ -26,8 +26,9 @@ def test_quick_demo_learns_and_keeps_its_guarantee(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("fastload-demo-*"))  # the temporary directory is removed
 
 
-def test_cli_exits_1_and_says_why_when_the_model_misses(tmp_path, capsys, monkeypatch):
+def test_cli_exits_1_and_says_why_when_the_model_misses_and_keeps_dir(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(demo, "PASS_RMSE_RATIO", 0.0)  # no model can reach it
+    monkeypatch.setattr(demo, "_sample_photos", lambda: None)  # as without scikit-image: BMP textures
     argv = ["demo", "--dir", os.fspath(tmp_path), "--images", "120", "--size", "24", "--epochs", "1"]
     assert cli.main([*argv, "--quick", "--device", "cpu", "--json"]) == 1
     captured = capsys.readouterr()
@@ -36,4 +37,4 @@ def test_cli_exits_1_and_says_why_when_the_model_misses(tmp_path, capsys, monkey
     assert "fastload demo: error: the model's validation RMSE" in captured.err
     # --dir keeps the work: images, labels and the packed store.
     assert (tmp_path / "demo.fastload").is_file() and (tmp_path / "labels.csv").is_file()
-    assert len(list((tmp_path / "images").iterdir())) == 120
+    assert len(list((tmp_path / "images").glob("*.bmp"))) == 120
