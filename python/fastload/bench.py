@@ -1132,7 +1132,10 @@ def print_report(results: dict) -> None:
     else:
         table = Table(title="fastload bench (medians)")
         for i, name in enumerate(COLUMNS):
-            table.add_column(name, justify="left" if i == 0 else "right")
+            if i == 0:  # on a narrow terminal the method names wrap, never the figures
+                table.add_column(name)
+            else:
+                table.add_column(name, justify="right", no_wrap=True, min_width=max(len(r[i]) for r in cells))
         for row in cells:
             table.add_row(*row)
         Console(width=None if sys.stdout.isatty() else 160).print(table)
