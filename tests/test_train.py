@@ -120,10 +120,19 @@ def test_monotone_inputs_reach_a_monotone_model(store_path, exposure_path):
     assert check_monotone(result.model, prepare_images(images, result.config, "cpu"), exposure) <= 1e-6
 
 
-def test_size_downscales_on_the_device(store_path):
-    result = fit(store_path, epochs=1, max_steps=1, size=8, **FAST)
+def test_size_downscales_on_the_device_and_progress_draws_a_bar(store_path, capsys):
+    result = fit(store_path, epochs=1, max_steps=1, size=8, progress=True, **FAST)
     batch = torch.zeros(2, SIDE, SIDE, 3, dtype=torch.uint8)
     assert prepare_images(batch, result.config, "cpu").shape == (2, 3, 8, 8)
+    assert "epoch 1/1 [" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_with_bf16_reports_gpu_memory(store_path):
+    result = fit(store_path, epochs=1, batch_size=16, device="cuda", amp="bf16")
+    metrics = result.history[-1]
+    assert metrics["device"].startswith("cuda") and metrics["gpu_max_memory_bytes"] > 0
+    assert math.isfinite(metrics["val_rmse"]) and 0 <= metrics["data_wait_fraction"] <= 1
 
 
 # ---------------------------------------------------------------- bad input

@@ -260,8 +260,9 @@ class _EpochMeter:
 class _Progress:
     """A one-line progress bar on stderr, redrawn at most every 0.2 s."""
 
-    def __init__(self, enabled: bool, epoch: int, epochs: int, total: int, stream: TextIO = sys.stderr):
-        self.enabled, self.epoch, self.epochs, self.total, self.stream = enabled, epoch, epochs, total, stream
+    def __init__(self, enabled: bool, epoch: int, epochs: int, total: int):
+        self.enabled, self.epoch, self.epochs, self.total = enabled, epoch, epochs, total
+        self.stream = sys.stderr
         self.drawn = 0.0
 
     def update(self, meter: _EpochMeter, force: bool = False) -> None:
