@@ -1,6 +1,8 @@
 """FastLoadDataset as a training loop sees it: orders, splits across ranks and workers,
 resume, buffer safety, prefetch thread lifetime, memory sharing; to_device; split_indices."""
 
+import collections
+import copy
 import gc
 import multiprocessing
 import os
@@ -112,6 +114,22 @@ def test_workers_advance_the_epoch_without_set_epoch(store_path):
     assert [[b[2].tolist() for b in loader] for _ in range(3)] == expected
     persistent.set_epoch(1)  # reaches the running workers
     assert [b[2].tolist() for b in loader] == expected[1]
+
+
+def test_workers_agree_on_the_epoch_whatever_their_start_order(store_path):
+    ds = FastLoadDataset(store_path, 4)
+    Info = collections.namedtuple("Info", "id seed")
+
+    def loader_iteration(base_seed, start_order):
+        """Epochs claimed by the fresh worker copies of one DataLoader iteration."""
+        copies = {w: copy.copy(ds) for w in start_order}  # copies share the control block
+        return {w: copies[w]._claim_epoch(Info(w, base_seed + w))[0] for w in start_order}
+
+    assert loader_iteration(7, [1, 0]) == {0: 0, 1: 0}
+    assert loader_iteration(8, [0, 1]) == {0: 1, 1: 1}
+    ds.set_epoch(5)
+    assert loader_iteration(8, [1, 0]) == {0: 5, 1: 5}  # the same base seed again: re-seeded RNG
+    assert loader_iteration(9, [1, 0]) == {0: 6, 1: 6}
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -292,7 +292,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     records shuffled, records shuffled within windows of `window` blocks: for stores larger
     than RAM, where random page-cache misses dominate). The order depends only on (seed,
     epoch, indices), never on the number of ranks or workers. Each new iteration advances the
-    epoch unless `set_epoch` is called, also in DataLoader workers (persistent or not).
+    epoch unless `set_epoch` is called, also in DataLoader workers (persistent or not); call
+    `set_epoch` each epoch anyway if you re-seed torch's random generator to the same value
+    before every epoch (workers tell epochs apart by the DataLoader's base seed).
 
     Distributed: rank and world size come from `torch.distributed` when it is initialized
     (create the dataset after `init_process_group`). Ranks get disjoint shares and the same
@@ -431,6 +433,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         ctl = self._control.numpy()
         ctl[_NEXT_EPOCH] = _positive_int(epoch, "epoch", minimum=0)
         ctl[_RESUME_EPOCH] = -1
+        ctl[_GENERATION] = 0  # no worker generation can mistake the next one for itself
         self._progress = None
 
     def state_dict(self) -> dict:
@@ -468,7 +471,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         epoch without a lock: worker 0 alone advances it, writing the generation's epoch and
         key before the next epoch; the others read the next epoch first and the key second,
         so either they see worker 0's key (and take its epoch) or worker 0 has not yet
-        advanced (and the next epoch they read is the generation's)."""
+        advanced (and the next epoch they read is the generation's). The base seed comes from
+        torch's random generator; if it is re-seeded identically before every epoch, two
+        generations look alike, which `set_epoch` (clearing the key) avoids."""
         ctl = self._control.numpy()
         if worker is None:
             epoch = int(ctl[_NEXT_EPOCH])
