@@ -317,6 +317,14 @@ def test_pickles_by_path(store_path):
     assert epoch(copy) == epoch(ds)
 
 
+@pytest.mark.slow
+def test_spawned_workers_open_the_store_by_path_and_advance_epochs(store_path):
+    ds = FastLoadDataset(Store(store_path), 4, return_indices=True)
+    reference = FastLoadDataset(store_path, 4, return_indices=True)
+    expected = [epoch(reference) for _ in range(2)]
+    assert [epoch(ds, 2, multiprocessing_context="spawn") for _ in range(2)] == expected
+
+
 def test_a_closed_store_is_reopened_by_path(store_path):
     store = Store(store_path)
     ds = FastLoadDataset(store, 4, shuffle=False, return_indices=True)
