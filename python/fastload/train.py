@@ -546,18 +546,16 @@ def fit(
             model = model.to(memory_format=torch.channels_last)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         scaler = torch.amp.GradScaler(resolved.type, enabled=amp == "fp16")
+        # Pinned host buffers only pay off when batches go to a GPU.
+        loading = {"return_indices": True, "pin_memory": resolved.type == "cuda"}
         return _run(
             model=model,
             optimizer=optimizer,
             scaler=scaler,
             config=config,
             saved=saved,
-            train_ds=FastLoadDataset(
-                train_store, batch_size, seed=seed, indices=train_idx, return_indices=True
-            ),
-            val_ds=FastLoadDataset(
-                val_store, batch_size, shuffle=False, order="sequential", indices=val_idx, return_indices=True
-            ),
+            train_ds=FastLoadDataset(train_store, batch_size, seed=seed, indices=train_idx, **loading),
+            val_ds=FastLoadDataset(val_store, batch_size, shuffle=False, indices=val_idx, **loading),
             train_prep=_BatchPreparer(resolved, config, train_mono),
             val_prep=_BatchPreparer(resolved, config, val_mono),
             epochs=epochs,
