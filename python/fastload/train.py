@@ -428,7 +428,11 @@ def fit(
     Validation uses ``val`` (another store) or a reproducible ``val_fraction`` of ``store``.
     ``monotone_inputs`` (a ``.npy`` path or array, (N,) or (N, K), aligned with ``store``) feed
     the model's monotone dimensions; with a separate ``val`` store, ``val_monotone_inputs`` are
-    its aligned inputs. ``log`` receives one metrics dict per epoch. ``checkpoint`` is written at
+    its aligned inputs. The model starts sensible: its output range is the training labels'
+    range widened by 10% each side, its monotone-input calibrators span the training inputs,
+    and images are normalized with per-channel statistics of a sample of training images
+    (``size`` downscales them on the device first). ``schedule``: "cosine" (warm-up, then decay
+    from ``lr``) or "constant". ``log`` receives one metrics dict per epoch. ``checkpoint`` is written at
     every epoch end, every ``checkpoint_every`` steps and when ``max_steps`` stops the run;
     ``resume`` continues from one. ``deterministic`` turns on
     ``torch.use_deterministic_algorithms`` for the call. ``threads`` sets torch's CPU threads
