@@ -113,7 +113,11 @@ impl StoreWriter {
             .create(true)
             .truncate(true)
             .open(&temp)
-            .map_err(|e| Error::io(&temp, e))?;
+            .map_err(|e| {
+                // Name the destination: the user never chose the temporary file's name.
+                let reason = format!("cannot create a temporary file beside it: {e}");
+                Error::io(&dest, std::io::Error::new(e.kind(), reason))
+            })?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
         out.write_all(&[0u8; HEADER_SIZE])
             .map_err(|e| Error::io(&temp, e))?;

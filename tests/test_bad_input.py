@@ -13,13 +13,14 @@ import torch
 
 from fastload import Store, StoreError, StoreWriter
 from fastload.dataset import FastLoadDataset, split_indices, to_device
+from fastload.pack import pack
 from fastload.store import info, verify
 
 AS_ROOT = os.geteuid() == 0
 
 
 class Files:
-    """Paths a user might pass by mistake, beside a valid 5-record 4×4×3 store."""
+    """Paths a user might pass by mistake, beside a valid 5-record 4×4×3 store and an empty folder."""
 
     def __init__(self, tmp_path):
         self.dir = tmp_path
@@ -37,6 +38,25 @@ class Files:
         self.locked.write_bytes(self.store.read_bytes())
         self.locked.chmod(0)
         self.new = tmp_path / "new.fastload"
+        self.folder = tmp_path / "folder"
+        self.folder.mkdir()
+
+    @property
+    def images(self):
+        """A folder of two tiny class-labelled images, made on first use."""
+        from PIL import Image
+
+        folder = self.dir / "images"
+        if not folder.exists():
+            for name in ("cat", "dog"):
+                (folder / name).mkdir(parents=True)
+                Image.new("RGB", (8, 8)).save(folder / name / "0.png")
+        return folder
+
+    def csv(self, text):
+        path = self.dir / "labels.csv"
+        path.write_text(text + "\n")
+        return path
 
     def writer(self):
         return StoreWriter(self.new, (2, 2, 3), label_dtype="int64")
@@ -166,6 +186,25 @@ ROWS = [
     ("to_device(mean of 2 values for 3 channels)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", mean=[1, 2]), ValueError, "mean"),
     ("to_device(std with a zero)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", std=[0, 1, 1]), ValueError, "std"),
     ("to_device(unknown device)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "nodevice"), RuntimeError, "device"),
+    # pack
+    ("pack(None, dest)", lambda f: pack(None, f.new), TypeError, "str or os.PathLike"),
+    ("pack(missing folder, dest)", lambda f: pack(f.missing, f.new), FileNotFoundError, "no such folder"),
+    ("pack(a file, dest)", lambda f: pack(f.text, f.new), NotADirectoryError, "not a folder"),
+    ("pack(folder without images or classes, dest)", lambda f: pack(f.folder, f.new), ValueError, "no labels"),
+    ("pack(src, None)", lambda f: pack(f.images, None), TypeError, "str or os.PathLike"),
+    ("pack(src, dest inside src)", lambda f: pack(f.images, f.images / "x.fastload"), ValueError, "inside the source folder"),
+    ("pack(src, existing store)", lambda f: pack(f.images, f.store), FileExistsError, "overwrite"),
+    ("pack(src, existing directory)", lambda f: pack(f.images, f.folder), FileExistsError, "already exists"),
+    ("pack(src, path in a missing folder)", lambda f: pack(f.images, f.dir / "no" / "x"), StoreError, "No such file"),
+    ("pack(size=0)", lambda f: pack(f.images, f.new, size=0), ValueError, "size"),
+    ("pack(size=100000)", lambda f: pack(f.images, f.new, size=100000), ValueError, "size"),
+    ("pack(size=(1, 2, 3))", lambda f: pack(f.images, f.new, size=(1, 2, 3)), ValueError, "size"),
+    ("pack(resize='x')", lambda f: pack(f.images, f.new, resize="x"), ValueError, "resize"),
+    ("pack(fill=300)", lambda f: pack(f.images, f.new, fill=300), ValueError, "fill"),
+    ("pack(labels=missing CSV)", lambda f: pack(f.images, f.new, labels=f.missing), FileNotFoundError, "No such file"),
+    ("pack(labels=CSV naming a missing image)", lambda f: pack(f.images, f.new, labels=f.csv("x.png,1")), ValueError, "does not exist"),
+    ("pack(label_dtype='int8')", lambda f: pack(f.images, f.new, label_dtype="int8"), ValueError, "label_dtype"),
+    ("pack(workers=0)", lambda f: pack(f.images, f.new, workers=0), ValueError, "workers"),
     # split_indices
     ("split_indices(-1, 0.1)", lambda f: split_indices(-1, 0.1), ValueError, "n must be"),
     ("split_indices(10, 2.0)", lambda f: split_indices(10, 2.0), ValueError, "val_fraction"),
@@ -215,6 +254,14 @@ CLI_ROWS = [
     (["verify", "{missing}"], 1, "No such file"),
     (["verify", "{text}"], 1, "magic"),
     (["verify", "{dir}"], 1, "not a regular file"),
+    (["pack", "{missing}", "{new}"], 1, "no such folder"),
+    (["pack", "{images}", "{store}"], 1, "already exists"),
+    (["pack", "{images}", "{dir}/no/x.fastload"], 1, "No such file"),
+    (["pack", "{images}", "{new}", "--size", "0"], 2, "--size"),
+    (["pack", "{images}", "{new}", "--fill", "red"], 2, "--fill"),
+    (["train", "{missing}"], 1, "No such file"),
+    (["bench", "{missing}", "--quick"], 1, "No such file"),
+    (["demo", "--images", "-5", "--quick"], 1, "images must be"),
     ([], 2, "usage"),
     (["nosuchcommand"], 2, "invalid choice"),
     (["info"], 2, "required"),
@@ -230,7 +277,8 @@ def run_cli(args):
 
 @pytest.mark.parametrize("args,status,fragment", CLI_ROWS, ids=[" ".join(r[0]) or "(none)" for r in CLI_ROWS])
 def test_cli_bad_input_exits_with_a_message(files, args, status, fragment):
-    result = run_cli([a.format(**vars(files)) for a in args])
+    paths = {**vars(files), "images": files.images if "{images}" in args else None}
+    result = run_cli([a.format(**paths) for a in args])
     assert result.returncode == status, result.stderr
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
