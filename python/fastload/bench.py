@@ -235,8 +235,8 @@ def bench_memcpy(ctx: Context) -> List[Figure]:
     """The ceiling for any loader that copies records: numpy copies from a buffer larger than
     the CPU caches into a reused batch-sized buffer (a loader's pattern), on one thread and on
     every core (numpy releases the GIL for large copies). The copies go in pieces of about
-    256 KiB, whole records each, as a loader copies records: one multi-megabyte memcpy would
-    switch to non-temporal stores and bypass the cache that the batch buffer lives in."""
+    256 KiB, whole records each, as a loader copies records: one multi-megabyte memcpy can take
+    the C library's non-temporal path and bypass the cache that the batch buffer lives in."""
     threads = usable_cores()
     batch_bytes = ctx.batch_size * ctx.image_nbytes
     piece = max(1, (256 << 10) // ctx.image_nbytes) * ctx.image_nbytes
