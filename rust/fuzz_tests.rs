@@ -82,7 +82,9 @@ fn samples() -> &'static [Sample] {
     static SAMPLES: OnceLock<Vec<Sample>> = OnceLock::new();
     SAMPLES.get_or_init(|| {
         let long_meta = format!(r#"{{"sources": [{}]}}"#, vec![r#""img.png""#; 40].join(","));
-        let kinds: Vec<(u64, (u32, u32, u32), LabelDtype, String)> = vec![
+        /// (records, (height, width, channels), label type, metadata)
+        type Kind = (u64, (u32, u32, u32), LabelDtype, String);
+        let kinds: Vec<Kind> = vec![
             (0, (1, 1, 1), LabelDtype::Float64, "{}".into()),
             (1, (2, 3, 1), LabelDtype::Int64, r#"{"a": 1}"#.into()),
             (
