@@ -20,6 +20,7 @@ import torch
 
 from fastload import Store, StoreError, StoreWriter
 from fastload.dataset import FastLoadDataset
+from fastload.store import info as info_store
 from fastload.store import verify as verify_store
 
 HEADER = 4096
@@ -165,6 +166,25 @@ def test_damaged_metadata_is_rejected_when_no_longer_json(store):
     assert "bad metadata" in open_error(path)
     patch(path, offset, b"\xff")
     assert "UTF-8" in open_error(path)
+
+
+@pytest.mark.parametrize(
+    "meta", [{"class_names": 5}, {"class_names": {"a": 1}}, {"sources": {"a": 1}}, {"sources": 7}]
+)
+def test_known_metadata_keys_of_the_wrong_type_are_ignored(tmp_path, meta):
+    """Metadata is free-form JSON: `info` and `verify` must not trust its shape."""
+    path = tmp_path / "s.fastload"
+    with StoreWriter(path, SHAPE, label_dtype="int64", meta=meta) as w:
+        w.extend(pattern(3), [0, 1, 2])
+    xor(path, HEADER, 1)
+    assert info_store(path)["labels"]["classes"] == {"0": 1, "1": 1, "2": 1}
+    assert verify_store(path) == [(0, None)]
+    for command in ("info", "verify"):
+        result = subprocess.run(
+            [sys.executable, "-m", "fastload", command, str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert "Traceback" not in result.stderr
+        assert result.returncode == (command == "verify")
 
 
 def test_a_fifo_is_rejected_without_waiting_for_a_writer(tmp_path):

@@ -346,16 +346,22 @@ def memory_plan(count: int, shape: Sequence[int], ram_bytes: Optional[int] = Non
     }
 
 
+def _meta_list(store: Store, key: str) -> Optional[list]:
+    """A list from the metadata, or None when it is missing or not a list (a hand-written store)."""
+    value = store.meta.get(key)
+    return value if isinstance(value, list) else None
+
+
 def info(path: PathLike) -> dict:
     """A summary of a store: size, shape, label statistics, page-cache residency and memory plan."""
     with Store(path) as store:
         labels = np.asarray(store.labels)
         if store.label_dtype == np.int64:
             values, counts = np.unique(labels, return_counts=True)
-            names = store.meta.get("class_names")
+            names = _meta_list(store, "class_names")
             stats = {
                 "classes": {
-                    (names[v] if names and 0 <= v < len(names) else str(v)): int(c)
+                    (str(names[v]) if names and 0 <= v < len(names) else str(v)): int(c)
                     for v, c in zip(values.tolist(), counts.tolist())
                 }
             }
@@ -380,5 +386,5 @@ def info(path: PathLike) -> dict:
 def verify(path: PathLike) -> list:
     """Damaged records of a store: a list of (index, source file name or None)."""
     with Store(path) as store:
-        sources = store.meta.get("sources")
+        sources = _meta_list(store, "sources")
         return [(i, sources[i] if sources and i < len(sources) else None) for i in store.verify()]
