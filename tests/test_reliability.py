@@ -273,6 +273,34 @@ def test_replacing_a_store_under_readers_keeps_them_on_the_old_data(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["s.fastload"]
 
 
+def test_closing_a_store_while_threads_gather_from_it(store):
+    """Each gather holds the mapping it copies from: a concurrent close() makes later calls
+    raise StoreError("closed"), never return wrong bytes or crash."""
+    path, images, _ = store
+    s = Store(path)
+    outcomes = []
+
+    def reader():
+        try:
+            for k in range(100_000):
+                idx = [k % 6, 5 - k % 6, 3]
+                np.testing.assert_array_equal(s.gather(idx)[0], images[idx])
+            outcomes.append("never closed")
+        except StoreError as exc:
+            outcomes.append("closed" if "closed" in str(exc) else exc)
+        except BaseException as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(0.05)
+    s.close()
+    for t in threads:
+        t.join()
+    assert outcomes == ["closed"] * 3
+
+
 def test_truncation_under_a_reader_is_detected_before_touching_pages(store):
     path, images, _ = store
     s = Store(path)
