@@ -176,6 +176,7 @@ ROWS = [
     ("FastLoadDataset(prefetch=0)", lambda f: FastLoadDataset(f.store, 2, prefetch=0), ValueError, "prefetch"),
     ("FastLoadDataset(seed=-1)", lambda f: FastLoadDataset(f.store, 2, seed=-1), ValueError, "seed"),
     ("dataset.set_epoch(-1)", lambda f: FastLoadDataset(f.store, 2).set_epoch(-1), ValueError, "epoch"),
+    ("dataset.set_epoch(2**63)", lambda f: FastLoadDataset(f.store, 2).set_epoch(2**63), ValueError, "epoch"),
     ("dataset.load_state_dict({})", lambda f: FastLoadDataset(f.store, 2).load_state_dict({}), KeyError, "missing"),
     ("dataset.load_state_dict(position beyond the epoch)", lambda f: FastLoadDataset(f.store, 2).load_state_dict({"seed": 0, "epoch": 0, "position": 99}), ValueError, "beyond"),
     # to_device
@@ -185,6 +186,7 @@ ROWS = [
     ("to_device(dtype=torch.int32)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", dtype=torch.int32), TypeError, "floating-point"),
     ("to_device(mean of 2 values for 3 channels)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", mean=[1, 2]), ValueError, "mean"),
     ("to_device(std with a zero)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", std=[0, 1, 1]), ValueError, "std"),
+    ("to_device(dtype=\"float64x\")", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", dtype="float64x"), TypeError, "floating-point"),
     ("to_device(unknown device)", lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "nodevice"), RuntimeError, "device"),
     # pack
     ("pack(None, dest)", lambda f: pack(None, f.new), TypeError, "str or os.PathLike"),
@@ -197,6 +199,8 @@ ROWS = [
     ("pack(src, existing directory)", lambda f: pack(f.images, f.folder), FileExistsError, "already exists"),
     ("pack(src, path in a missing folder)", lambda f: pack(f.images, f.dir / "no" / "x"), StoreError, "No such file"),
     ("pack(size=0)", lambda f: pack(f.images, f.new, size=0), ValueError, "size"),
+    ("pack(size=2.5)", lambda f: pack(f.images, f.new, size=2.5), ValueError, "size"),
+    ("pack(progress=5)", lambda f: pack(f.images, f.new, progress=5), TypeError, "progress"),
     ("pack(size=100000)", lambda f: pack(f.images, f.new, size=100000), ValueError, "size"),
     ("pack(size=(1, 2, 3))", lambda f: pack(f.images, f.new, size=(1, 2, 3)), ValueError, "size"),
     ("pack(resize='x')", lambda f: pack(f.images, f.new, resize="x"), ValueError, "resize"),

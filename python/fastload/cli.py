@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -53,25 +54,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from fastload import bench
-
-    bench.run(
-        store=args.store,
-        size_gb=args.size_gb,
-        quick=args.quick,
-        only=args.only,
-        json_path=args.json,
-        plot_path=args.plot,
-        images=args.images,
-        size=args.size,
-        repeats=args.repeats,
-        batch_size=args.batch_size,
-        console=not args.quiet,
-    )
-    return 0
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -106,6 +88,25 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(report)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from fastload import bench
+
+    bench.run(
+        store=args.store,
+        size_gb=args.size_gb,
+        quick=args.quick,
+        only=args.only,
+        json_path=args.json,
+        plot_path=args.plot,
+        images=args.images,
+        size=args.size,
+        repeats=args.repeats,
+        batch_size=args.batch_size,
+        console=not args.quiet,
+    )
     return 0
 
 
@@ -287,6 +288,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
+    except BrokenPipeError:
+        # The reader of our output went away (`fastload info X | head`): not a failure.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (StoreError, OSError, ValueError, TypeError, ImportError) as exc:
         print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -28,8 +28,9 @@ _NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = r
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+    """`value` as an int in [minimum, 2**62): the bound keeps it inside the int64 state slots."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= value < 2**62:
+        raise ValueError(f"{name} must be an integer >= {minimum} (and < 2**62), not {value!r}")
     return int(value)
 
 
@@ -560,8 +561,10 @@ def to_device(
     """
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
         raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point dtype, not {dtype}")
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype such as torch.float32, not {dtype!r}")
     channels = images.shape[3]
     x = images.to(device, non_blocking=images.is_pinned()).permute(0, 3, 1, 2).to(dtype)
     mean_t = torch.zeros(channels) if mean is None else torch.as_tensor(mean, dtype=torch.float64).flatten()

@@ -297,7 +297,7 @@ def _check_paths(src: Path, dest: Path, labels: Optional[Path], overwrite: bool)
 
 
 def _as_size(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(np.atleast_1d(np.asarray(size, dtype=object)))
     if len(pair) != 2 or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in pair):
         raise ValueError(f"size must be an int or (height, width), not {size!r}")
     if not all(0 < s < 2**16 for s in pair):
@@ -390,6 +390,8 @@ def pack(
     dest = Path(_fspath(dest, "dest"))
     csv_path = None if labels is None else Path(_fspath(labels, "labels"))
     height, width = _as_size(size)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable (done, total), not {type(progress).__name__}")
     rgb_fill = _as_fill(fill)
     if resize not in RESIZE_MODES:
         raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, not {resize!r}")
