@@ -29,8 +29,10 @@ _NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = r
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """`value` as an int in [minimum, 2**62): the bound keeps it inside the int64 state slots."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= value < 2**62:
-        raise ValueError(f"{name} must be an integer >= {minimum} (and < 2**62), not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+    if value >= 2**62:
+        raise ValueError(f"{name} must be below 2**62, not {value!r}")
     return int(value)
 
 
