@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
+from fastload.progress import ProgressLine
 from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath
 
 RESIZE_MODES = ("squash", "crop", "pad")
@@ -312,36 +313,21 @@ def _as_fill(fill: Union[int, Sequence[int]]) -> Tuple[int, int, int]:
     return int(rgb[0]), int(rgb[1]), int(rgb[2])
 
 
-class _ProgressBar:
-    """One self-rewriting line on stderr: files, files/s, MB/s, ETA."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total = total
-        self.enabled = enabled
-        self.start = time.perf_counter()
-        self.shown_at = 0.0
+class _ProgressBar(ProgressLine):
+    """Files, files/s, MB/s read and ETA."""
 
     def update(self, done: int, source_bytes: int, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (not force and now - self.shown_at < 0.1):
+        if not self.due(force):
             return
-        self.shown_at = now
-        elapsed = max(now - self.start, 1e-9)
+        elapsed = self.elapsed()
         rate = done / elapsed
         eta = (self.total - done) / rate if rate > 0 else 0.0
-        width = 30
-        filled = width * done // max(self.total, 1)
-        sys.stderr.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {done:,}/{self.total:,} files "
-            f"{rate:,.0f} files/s {source_bytes / 1e6 / elapsed:,.1f} MB/s "
-            f"ETA {int(eta) // 60}:{int(eta) % 60:02d} "
+        self.draw(
+            done,
+            "",
+            f"files {rate:,.0f} files/s {source_bytes / 1e6 / elapsed:,.1f} MB/s "
+            f"ETA {int(eta) // 60}:{int(eta) % 60:02d}",
         )
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def pack(
@@ -440,7 +426,7 @@ def pack(
     sources: List[str] = []
     failed: List[Tuple[str, str]] = []
     source_bytes = 0
-    bar = _ProgressBar(len(todo), enabled=not quiet and sys.stderr.isatty())
+    bar = _ProgressBar(not quiet and sys.stderr.isatty(), len(todo))
     try:
         with StoreWriter(dest, (height, width, 3), label_dtype, meta=meta, overwrite=overwrite) as writer:
             for start in range(0, len(todo), chunk):

@@ -36,6 +36,7 @@ from torch import nn
 
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.monotonic import MonotonicRegressor
+from fastload.progress import ProgressLine
 from fastload.store import PathLike, Store, _fspath
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -262,34 +263,23 @@ class _EpochMeter:
         }
 
 
-class _Progress:
-    """A one-line progress bar on stderr, redrawn at most every 0.2 s."""
+class _Progress(ProgressLine):
+    """Steps of one epoch, with the running loss, img/s and data-wait share."""
 
     def __init__(self, enabled: bool, epoch: int, epochs: int, total: int):
-        self.enabled, self.epoch, self.epochs, self.total = enabled, epoch, epochs, total
-        self.stream = sys.stderr
-        self.drawn = 0.0
+        super().__init__(enabled, total, interval=0.2, width=24)
+        self.epoch, self.epochs = epoch, epochs
 
     def update(self, meter: _EpochMeter, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (not force and now - self.drawn < 0.2):
+        if not self.due(force):
             return
-        self.drawn = now
-        width = 24
-        filled = width * meter.steps // max(self.total, 1)
-        elapsed = meter.elapsed()
+        elapsed = max(meter.elapsed(), 1e-9)
         loss = meter.loss_sum.item() / max(meter.samples, 1)
-        self.stream.write(
-            f"\repoch {self.epoch + 1}/{self.epochs} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{meter.steps}/{self.total}  loss {loss:.4g}  {meter.samples / max(elapsed, 1e-9):,.0f} img/s  "
-            f"data wait {100 * meter.wait / max(elapsed, 1e-9):.0f}%  "
+        self.draw(
+            meter.steps,
+            f"epoch {self.epoch + 1}/{self.epochs} ",
+            f" loss {loss:.4g}  {meter.samples / elapsed:,.0f} img/s  data wait {100 * meter.wait / elapsed:.0f}%",
         )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def prepare_images(images: torch.Tensor, config: dict, device: Union[str, torch.device]) -> torch.Tensor:
