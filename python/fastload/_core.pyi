@@ -1,7 +1,7 @@
 """Type stubs for the Rust extension `fastload._core` (hand-written; keep in step with rust/bindings/)."""
 
 import os
-from typing import List, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -10,6 +10,9 @@ _Path = Union[str, os.PathLike[str]]
 
 FORMAT_VERSION: int
 MAX_META_LEN: int
+PACK_MAX_PIXELS: int
+PACK_MAX_DECODE_ALLOC: int
+PACK_ALPHA_BACKGROUND: Tuple[int, int, int]
 
 class StoreError(Exception):
     """A store file is missing, unreadable, damaged, or not a fastload store."""
@@ -62,3 +65,15 @@ class StoreWriter:
     def append_many(self, images: npt.NDArray[np.uint8], labels: npt.NDArray[np.uint8]) -> None: ...
     def commit(self, meta_json: str) -> str: ...
     def discard(self) -> None: ...
+
+class PackDecoder:
+    """Decodes and resizes image files into records in parallel (the Rust side of `fastload.pack`)."""
+
+    def __init__(
+        self, height: int, width: int, mode: str, fill: Tuple[int, int, int], workers: Optional[int] = None
+    ) -> None: ...
+    @property
+    def num_threads(self) -> int: ...
+    def decode_into(
+        self, paths: Sequence[_Path], out: npt.NDArray[np.uint8]
+    ) -> List[Tuple[int, Optional[str]]]: ...
