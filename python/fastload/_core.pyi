@@ -12,7 +12,7 @@ FORMAT_VERSION: int
 MAX_META_LEN: int
 PACK_MAX_PIXELS: int
 PACK_MAX_DECODE_ALLOC: int
-PACK_ALPHA_BACKGROUND: Tuple[int, int, int]
+PACK_ALPHA_BACKGROUND: bytes  # RGB
 
 class StoreError(Exception):
     """A store file is missing, unreadable, damaged, or not a fastload store."""
