@@ -8,6 +8,7 @@ pub mod gather;
 pub mod pack;
 pub mod pagecache;
 pub mod pool;
+pub mod prefetch;
 pub mod store;
 pub mod writer;
 

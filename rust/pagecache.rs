@@ -68,3 +68,14 @@ pub fn will_need(ptr: *const u8, len: usize) {
         libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED);
     }
 }
+
+/// Page faults of this process so far that had to wait for the disk (getrusage ru_majflt).
+pub fn major_faults() -> i64 {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    usage.ru_majflt as i64
+}

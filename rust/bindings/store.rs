@@ -10,7 +10,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::{to_py, StoreError};
-use crate::gather::{gather, resolve_indices};
+use crate::gather::{gather, resolve_indices, Stores};
 use crate::store::Store;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -171,7 +171,7 @@ impl CoreStore {
             .map_err(|_| PyValueError::new_err("labels must be C-contiguous"))?;
         py.detach(|| {
             let records = resolve_indices(&store, indices)?;
-            gather(&store, &records, images, labels)
+            gather(&store, &records, images, labels, Stores::Cached)
         })
         .map_err(to_py)
     }

@@ -1,0 +1,534 @@
+//! Background prefetch: a thread gathers a fixed list of batches, in order, into
+//! caller-owned batch buffers ("slots") while the caller consumes earlier batches.
+//!
+//! The caller hands slots over (`add_slot`, `release`) and gets each back, filled, from
+//! `next`; the thread writes only slots the caller has handed over and not yet taken
+//! back. A second thread gives the kernel read-ahead hints (madvise WILLNEED) for the
+//! batch after the one being gathered, once the epoch has had to wait for the disk: the
+//! hint blocks while the kernel queues the reads, so it cannot run on the gather thread,
+//! and on a store already in the page cache it only costs page-cache lookups.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::gather::{gather, Stores};
+use crate::pagecache;
+use crate::store::Store;
+
+/// The batches of one epoch: record numbers, cut into consecutive runs.
+pub struct Batches {
+    records: Vec<usize>,
+    bounds: Vec<usize>,
+}
+
+impl Batches {
+    /// Cuts `indices` (Python-style, checked against `store`) into batches of `lengths`.
+    pub fn new(store: &Store, indices: &[i64], lengths: &[usize]) -> Result<Batches> {
+        let total = lengths
+            .iter()
+            .try_fold(0usize, |sum, &n| sum.checked_add(n))
+            .filter(|&sum| sum == indices.len())
+            .ok_or_else(|| {
+                Error::Value(format!(
+                    "batch lengths do not add up to the {} indices given",
+                    indices.len()
+                ))
+            })?;
+        let records = crate::gather::resolve_indices(store, indices)?;
+        let mut bounds = Vec::with_capacity(lengths.len() + 1);
+        bounds.push(0);
+        for &n in lengths {
+            bounds.push(bounds[bounds.len() - 1] + n);
+        }
+        debug_assert_eq!(bounds[lengths.len()], total);
+        Ok(Batches { records, bounds })
+    }
+
+    pub fn len(&self) -> usize {
+        self.bounds.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, j: usize) -> &[usize] {
+        &self.records[self.bounds[j]..self.bounds[j + 1]]
+    }
+
+    /// Records in the largest batch: the capacity every slot needs.
+    pub fn max_len(&self) -> usize {
+        self.bounds
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Caller-owned memory for one batch: `capacity` images and as many 8-byte labels.
+#[derive(Clone, Copy)]
+struct Slot {
+    images: *mut u8,
+    labels: *mut u8,
+    capacity: usize,
+}
+
+// SAFETY: the memory behind a slot is written only by the gather thread, and only while
+// the caller has handed the slot over (the contract of `Prefetcher::add_slot`).
+unsafe impl Send for Slot {}
+
+/// A batch the gather thread has finished: `len` records in slot `slot`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Filled {
+    pub slot: usize,
+    pub batch: usize,
+    pub len: usize,
+}
+
+struct State {
+    /// Every slot ever added (None once retired) and whether the caller holds it.
+    slots: Vec<Option<(Slot, bool)>>,
+    free: VecDeque<usize>,
+    ready: VecDeque<(usize, usize, Result<()>)>,
+    /// Batches whose gather has begun.
+    started: usize,
+    /// The gather thread has exited (all batches done, a failure, or stop).
+    done: bool,
+    stop: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere cannot leave the state inconsistent: every update is one step.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The gather and read-ahead threads of one pass over `Batches`; dropping it stops and
+/// joins them, after which no slot is written again.
+pub struct Prefetcher {
+    shared: Arc<Shared>,
+    batches: Arc<Batches>,
+    capacity: usize,
+    total: usize,
+    taken: usize,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    /// Starts the threads; nothing is gathered until a slot is added.
+    pub fn start(store: Store, batches: Batches, stores: Stores) -> Prefetcher {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                slots: Vec::new(),
+                free: VecDeque::new(),
+                ready: VecDeque::new(),
+                started: 0,
+                done: batches.is_empty(),
+                stop: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let (capacity, total) = (batches.max_len(), batches.len());
+        let batches = Arc::new(batches);
+        let mut threads = Vec::new();
+        if total > 0 {
+            let (s, st, b) = (shared.clone(), store.clone(), batches.clone());
+            threads.push(spawn("fastload-prefetch", move || {
+                gather_loop(&s, &st, &b, stores)
+            }));
+            let (s, b) = (shared.clone(), batches.clone());
+            threads.push(spawn("fastload-readahead", move || {
+                hint_loop(&s, &store, &b)
+            }));
+        }
+        Prefetcher {
+            shared,
+            batches,
+            capacity,
+            total,
+            taken: 0,
+            threads,
+        }
+    }
+
+    /// Hands over a new slot of `capacity` records and returns its number.
+    ///
+    /// # Safety
+    /// `images` must point to `capacity × image bytes` and `labels` to `capacity × 8`
+    /// writable bytes that stay valid, and that nothing else reads or writes while the
+    /// prefetcher holds the slot: from now until `next` returns it, and again from each
+    /// `release` until the next `next` that returns it, or until the prefetcher is dropped.
+    pub unsafe fn add_slot(
+        &self,
+        images: *mut u8,
+        labels: *mut u8,
+        capacity: usize,
+    ) -> Result<usize> {
+        if capacity < self.capacity {
+            return Err(Error::Value(format!(
+                "a batch buffer of {capacity} records is too small for batches of {}",
+                self.capacity
+            )));
+        }
+        let mut state = self.shared.lock();
+        let id = state.slots.len();
+        let slot = Slot {
+            images,
+            labels,
+            capacity,
+        };
+        state.slots.push(Some((slot, false)));
+        state.free.push_back(id);
+        self.shared.changed.notify_all();
+        Ok(id)
+    }
+
+    fn held_by_caller(state: &State, slot: usize) -> Result<()> {
+        match state.slots.get(slot) {
+            Some(Some((_, true))) => Ok(()),
+            _ => Err(Error::Value(format!(
+                "slot {slot} is not a batch buffer the caller holds"
+            ))),
+        }
+    }
+
+    /// Gives a slot that `next` returned back to be filled again.
+    pub fn release(&self, slot: usize) -> Result<()> {
+        let mut state = self.shared.lock();
+        Self::held_by_caller(&state, slot)?;
+        if let Some((_, held)) = state.slots[slot].as_mut() {
+            *held = false;
+        }
+        state.free.push_back(slot);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Forgets a slot that `next` returned: it will not be written again.
+    pub fn retire(&self, slot: usize) -> Result<()> {
+        let mut state = self.shared.lock();
+        Self::held_by_caller(&state, slot)?;
+        state.slots[slot] = None;
+        Ok(())
+    }
+
+    /// Slots the prefetcher holds: free, being filled, or filled and not yet taken.
+    pub fn in_flight(&self) -> usize {
+        let state = self.shared.lock();
+        state
+            .slots
+            .iter()
+            .flatten()
+            .filter(|(_, held)| !held)
+            .count()
+    }
+
+    /// Batches not yet returned by `next`.
+    pub fn remaining(&self) -> usize {
+        self.total - self.taken
+    }
+
+    /// The next batch in order, waiting up to `timeout` for it: Ok(None) on timeout or
+    /// after the last batch, Err when its gather failed (no batch follows a failure).
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Filled>> {
+        if self.taken == self.total {
+            return Ok(None);
+        }
+        let mut state = self.shared.lock();
+        if state.ready.is_empty() && !state.done {
+            state = self
+                .shared
+                .changed
+                .wait_timeout_while(state, timeout, |s| s.ready.is_empty() && !s.done)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let Some((slot, batch, result)) = state.ready.pop_front() else {
+            return if state.done {
+                Err(Error::Value("the prefetch thread stopped early".into()))
+            } else {
+                Ok(None)
+            };
+        };
+        if let Some((_, held)) = state.slots[slot].as_mut() {
+            *held = true;
+        }
+        self.taken += 1;
+        result?;
+        let len = self.batches.get(batch).len();
+        Ok(Some(Filled { slot, batch, len }))
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .expect("cannot start a fastload prefetch thread")
+}
+
+/// Marks the gather thread done when it exits, however it exits, so no waiter hangs.
+struct DoneOnExit<'a>(&'a Shared);
+
+impl Drop for DoneOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.lock().done = true;
+        self.0.changed.notify_all();
+    }
+}
+
+fn gather_loop(shared: &Shared, store: &Store, batches: &Batches, stores: Stores) {
+    let _done = DoneOnExit(shared);
+    let image_len = store.header().image_len();
+    for j in 0..batches.len() {
+        let mut state = shared.lock();
+        while !state.stop && state.free.is_empty() {
+            state = shared.wait(state);
+        }
+        if state.stop {
+            return;
+        }
+        let id = state.free.pop_front().expect("a free slot");
+        let (slot, _) = state.slots[id].expect("a free slot is never retired");
+        state.started = j + 1;
+        drop(state);
+        shared.changed.notify_all();
+        let records = batches.get(j);
+        debug_assert!(records.len() <= slot.capacity);
+        // SAFETY: the caller handed this slot over with room for `capacity` ≥ records.len()
+        // images and labels and touches none of it until `next` returns it (add_slot).
+        let result = unsafe {
+            let images = std::slice::from_raw_parts_mut(slot.images, records.len() * image_len);
+            let labels = std::slice::from_raw_parts_mut(slot.labels, records.len() * 8);
+            gather(store, records, images, labels, stores)
+        };
+        let failed = result.is_err();
+        shared.lock().ready.push_back((id, j, result));
+        shared.changed.notify_all();
+        if failed {
+            return;
+        }
+    }
+}
+
+fn hint_loop(shared: &Shared, store: &Store, batches: &Batches) {
+    let majors = pagecache::major_faults();
+    let mut faulted = false;
+    for j in 0..batches.len() {
+        let mut state = shared.lock();
+        // Batch j is hinted while batch j - 1 is gathered (batch 0 at once).
+        while !state.stop && !state.done && state.started < j {
+            state = shared.wait(state);
+        }
+        if state.stop || state.done {
+            return;
+        }
+        if state.started > j {
+            continue; // its gather has begun: too late to help
+        }
+        drop(state);
+        faulted = faulted || pagecache::major_faults() != majors;
+        if j < 2 || faulted {
+            store.will_need(batches.get(j));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::LabelDtype;
+    use crate::writer::StoreWriter;
+
+    const IMAGE: usize = 2 * 3 * 3;
+    const WAIT: Duration = Duration::from_secs(10);
+
+    fn make_store(dir: &std::path::Path, n: usize) -> Store {
+        let path = dir.join("s.bin");
+        let mut w = StoreWriter::create(&path, (2, 3, 3), LabelDtype::Int64, false).unwrap();
+        for i in 0..n {
+            w.append(&[i as u8; IMAGE], (i as i64).to_le_bytes())
+                .unwrap();
+        }
+        w.commit("{}").unwrap();
+        Store::open(&path).unwrap()
+    }
+
+    /// Batch buffers owned by the test, handed to the prefetcher as raw slots.
+    struct Buffers(Vec<(Vec<u8>, Vec<u8>)>);
+
+    impl Buffers {
+        fn new(count: usize, capacity: usize) -> Buffers {
+            Buffers(
+                (0..count)
+                    .map(|_| (vec![0xEE; capacity * IMAGE], vec![0; capacity * 8]))
+                    .collect(),
+            )
+        }
+
+        fn add_all(&mut self, prefetcher: &Prefetcher) -> Vec<usize> {
+            let capacity = self.0[0].1.len() / 8;
+            self.0
+                .iter_mut()
+                .map(|(images, labels)| {
+                    // SAFETY: the buffers outlive the prefetcher in every test and are read only
+                    // after `next` returns their slot.
+                    unsafe {
+                        prefetcher.add_slot(images.as_mut_ptr(), labels.as_mut_ptr(), capacity)
+                    }
+                    .unwrap()
+                })
+                .collect()
+        }
+
+        fn records(&self, filled: &Filled) -> Vec<u8> {
+            let images = &self.0[filled.slot].0;
+            (0..filled.len).map(|k| images[k * IMAGE]).collect()
+        }
+    }
+
+    fn batches(store: &Store, indices: &[i64], lengths: &[usize]) -> Batches {
+        Batches::new(store, indices, lengths).unwrap()
+    }
+
+    #[test]
+    fn yields_every_batch_in_order_into_released_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 10);
+        let order: Vec<i64> = vec![3, 9, 0, 1, 7, 7, -1, 2, 5, 4, 6];
+        let mut buffers = Buffers::new(2, 4);
+        let batches = batches(&store, &order, &[4, 4, 3]);
+        let mut prefetcher = Prefetcher::start(store, batches, Stores::Streaming);
+        buffers.add_all(&prefetcher);
+        let mut seen = Vec::new();
+        while let Some(filled) = prefetcher.next(WAIT).unwrap() {
+            seen.extend(buffers.records(&filled));
+            let labels = &buffers.0[filled.slot].1;
+            assert_eq!(
+                i64::from_le_bytes(labels[..8].try_into().unwrap()) as u8,
+                seen[seen.len() - filled.len]
+            );
+            prefetcher.release(filled.slot).unwrap();
+        }
+        assert_eq!(seen, vec![3, 9, 0, 1, 7, 7, 9, 2, 5, 4, 6]);
+        assert_eq!(prefetcher.remaining(), 0);
+    }
+
+    #[test]
+    fn never_writes_a_slot_the_caller_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 8);
+        let order: Vec<i64> = (0..8).collect();
+        let mut buffers = Buffers::new(2, 2);
+        let mut prefetcher = Prefetcher::start(
+            store.clone(),
+            batches(&store, &order, &[2, 2, 2, 2]),
+            Stores::Cached,
+        );
+        buffers.add_all(&prefetcher);
+        let first = prefetcher.next(WAIT).unwrap().unwrap();
+        let second = prefetcher.next(WAIT).unwrap().unwrap();
+        assert_eq!(
+            (buffers.records(&first), buffers.records(&second)),
+            (vec![0, 1], vec![2, 3])
+        );
+        // Both slots are held: nothing can be gathered, so the next batch does not come.
+        assert_eq!(prefetcher.in_flight(), 0);
+        assert_eq!(prefetcher.next(Duration::from_millis(100)).unwrap(), None);
+        assert_eq!(buffers.records(&first), vec![0, 1]);
+        prefetcher.release(second.slot).unwrap();
+        let third = prefetcher.next(WAIT).unwrap().unwrap();
+        assert_eq!(
+            (third.slot, buffers.records(&third)),
+            (second.slot, vec![4, 5])
+        );
+        assert_eq!(buffers.records(&first), vec![0, 1]);
+        // A retired slot is never used again; a new one takes its place.
+        prefetcher.retire(first.slot).unwrap();
+        assert!(prefetcher.release(first.slot).is_err());
+        let mut extra = Buffers::new(1, 2);
+        extra.add_all(&prefetcher);
+        let fourth = prefetcher.next(WAIT).unwrap().unwrap();
+        assert_eq!(extra.records(&Filled { slot: 0, ..fourth }), vec![6, 7]);
+        assert_eq!(buffers.records(&first), vec![0, 1]);
+        assert_eq!(prefetcher.next(WAIT).unwrap(), None);
+    }
+
+    #[test]
+    fn rejects_small_slots_unknown_slots_and_bad_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 5);
+        assert!(matches!(
+            Batches::new(&store, &[0, 1, 2], &[2, 2]),
+            Err(Error::Value(_))
+        ));
+        assert!(matches!(
+            Batches::new(&store, &[0, 5], &[2]),
+            Err(Error::Index { index: 5, .. })
+        ));
+        let prefetcher = Prefetcher::start(
+            store.clone(),
+            batches(&store, &[0, 1, 2], &[3]),
+            Stores::Cached,
+        );
+        let mut small = Buffers::new(1, 2);
+        let (images, labels) = &mut small.0[0];
+        // SAFETY: rejected before anything is written.
+        let added = unsafe { prefetcher.add_slot(images.as_mut_ptr(), labels.as_mut_ptr(), 2) };
+        assert!(matches!(added, Err(Error::Value(_))));
+        assert!(prefetcher.release(0).is_err());
+        assert!(prefetcher.retire(7).is_err());
+    }
+
+    #[test]
+    fn stops_promptly_when_dropped_while_waiting_for_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 6);
+        let order: Vec<i64> = (0..6).collect();
+        let mut buffers = Buffers::new(1, 1);
+        let mut prefetcher = Prefetcher::start(
+            store.clone(),
+            batches(&store, &order, &[1; 6]),
+            Stores::Cached,
+        );
+        buffers.add_all(&prefetcher);
+        assert!(prefetcher.next(WAIT).unwrap().is_some());
+        let started = std::time::Instant::now();
+        drop(prefetcher);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn an_empty_pass_ends_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 3);
+        let mut prefetcher =
+            Prefetcher::start(store.clone(), batches(&store, &[], &[]), Stores::Cached);
+        assert_eq!(prefetcher.next(WAIT).unwrap(), None);
+        assert_eq!(prefetcher.remaining(), 0);
+    }
+}
