@@ -298,14 +298,7 @@ fn exercise(path: &Path, bytes: &[u8]) -> Result<Option<Vec<u64>>, TestCaseError
     let records: Vec<usize> = (0..n).rev().chain(0..n).collect();
     let mut images = vec![0u8; records.len() * image_len];
     let mut labels = vec![0u8; records.len() * 8];
-    gather(
-        &store,
-        &records,
-        &mut images,
-        &mut labels,
-        crate::gather::Stores::Cached,
-    )
-    .unwrap();
+    gather(&store, &records, &mut images, &mut labels).unwrap();
     for (k, &r) in records.iter().enumerate() {
         prop_assert_eq!(&images[k * image_len..(k + 1) * image_len], store.image(r));
         prop_assert_eq!(&labels[k * 8..k * 8 + 8], &store.label_bytes(r)[..]);

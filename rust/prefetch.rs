@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::gather::{gather, Stores};
+use crate::gather::gather;
 use crate::pagecache;
 use crate::store::Store;
 
@@ -130,7 +130,7 @@ pub struct Prefetcher {
 
 impl Prefetcher {
     /// Starts the threads; nothing is gathered until a slot is added.
-    pub fn start(store: Store, batches: Batches, stores: Stores) -> Prefetcher {
+    pub fn start(store: Store, batches: Batches) -> Prefetcher {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots: Vec::new(),
@@ -147,9 +147,7 @@ impl Prefetcher {
         let mut threads = Vec::new();
         if total > 0 {
             let (s, st, b) = (shared.clone(), store.clone(), batches.clone());
-            threads.push(spawn("fastload-prefetch", move || {
-                gather_loop(&s, &st, &b, stores)
-            }));
+            threads.push(spawn("fastload-prefetch", move || gather_loop(&s, &st, &b)));
             let (s, b) = (shared.clone(), batches.clone());
             threads.push(spawn("fastload-readahead", move || {
                 hint_loop(&s, &store, &b)
@@ -301,7 +299,7 @@ impl Drop for DoneOnExit<'_> {
     }
 }
 
-fn gather_loop(shared: &Shared, store: &Store, batches: &Batches, stores: Stores) {
+fn gather_loop(shared: &Shared, store: &Store, batches: &Batches) {
     let _done = DoneOnExit(shared);
     let image_len = store.header().image_len();
     for j in 0..batches.len() {
@@ -324,7 +322,7 @@ fn gather_loop(shared: &Shared, store: &Store, batches: &Batches, stores: Stores
         let result = unsafe {
             let images = std::slice::from_raw_parts_mut(slot.images, records.len() * image_len);
             let labels = std::slice::from_raw_parts_mut(slot.labels, records.len() * 8);
-            gather(store, records, images, labels, stores)
+            gather(store, records, images, labels)
         };
         let failed = result.is_err();
         shared.lock().ready.push_back((id, j, result));
@@ -422,7 +420,7 @@ mod tests {
         let order: Vec<i64> = vec![3, 9, 0, 1, 7, 7, -1, 2, 5, 4, 6];
         let mut buffers = Buffers::new(2, 4);
         let batches = batches(&store, &order, &[4, 4, 3]);
-        let mut prefetcher = Prefetcher::start(store, batches, Stores::Streaming);
+        let mut prefetcher = Prefetcher::start(store, batches);
         buffers.add_all(&prefetcher);
         let mut seen = Vec::new();
         while let Some(filled) = prefetcher.next(WAIT).unwrap() {
@@ -444,11 +442,8 @@ mod tests {
         let store = make_store(dir.path(), 8);
         let order: Vec<i64> = (0..8).collect();
         let mut buffers = Buffers::new(2, 2);
-        let mut prefetcher = Prefetcher::start(
-            store.clone(),
-            batches(&store, &order, &[2, 2, 2, 2]),
-            Stores::Cached,
-        );
+        let mut prefetcher =
+            Prefetcher::start(store.clone(), batches(&store, &order, &[2, 2, 2, 2]));
         buffers.add_all(&prefetcher);
         let first = prefetcher.next(WAIT).unwrap().unwrap();
         let second = prefetcher.next(WAIT).unwrap().unwrap();
@@ -490,11 +485,7 @@ mod tests {
             Batches::new(&store, &[0, 5], &[2]),
             Err(Error::Index { index: 5, .. })
         ));
-        let prefetcher = Prefetcher::start(
-            store.clone(),
-            batches(&store, &[0, 1, 2], &[3]),
-            Stores::Cached,
-        );
+        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &[0, 1, 2], &[3]));
         let mut small = Buffers::new(1, 2);
         let (images, labels) = &mut small.0[0];
         // SAFETY: rejected before anything is written.
@@ -510,11 +501,7 @@ mod tests {
         let store = make_store(dir.path(), 6);
         let order: Vec<i64> = (0..6).collect();
         let mut buffers = Buffers::new(1, 1);
-        let mut prefetcher = Prefetcher::start(
-            store.clone(),
-            batches(&store, &order, &[1; 6]),
-            Stores::Cached,
-        );
+        let mut prefetcher = Prefetcher::start(store.clone(), batches(&store, &order, &[1; 6]));
         buffers.add_all(&prefetcher);
         assert!(prefetcher.next(WAIT).unwrap().is_some());
         let started = std::time::Instant::now();
@@ -526,8 +513,7 @@ mod tests {
     fn an_empty_pass_ends_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = make_store(dir.path(), 3);
-        let mut prefetcher =
-            Prefetcher::start(store.clone(), batches(&store, &[], &[]), Stores::Cached);
+        let mut prefetcher = Prefetcher::start(store.clone(), batches(&store, &[], &[]));
         assert_eq!(prefetcher.next(WAIT).unwrap(), None);
         assert_eq!(prefetcher.remaining(), 0);
     }

@@ -7,7 +7,9 @@ import gc
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastload.dataset
-from fastload import FastLoadDataset, Store, StoreError, StoreWriter, split_indices, to_device
+from fastload import FastLoadDataset, Store, StoreError, StoreWriter, _core, split_indices, to_device
 from fastload.dataset import RankPlan, epoch_order
 
 N = 53  # does not divide by the batch sizes or world sizes used here
@@ -44,7 +46,15 @@ def epoch(ds, num_workers=None, **loader_kwargs):
 
 
 def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name in ("fastload-prefetch", "fastload-readahead")]
+    """Names of this process's live prefetch threads (Rust threads, so read from /proc)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return sorted(n for n in names if n.startswith(("fastload-prefet", "fastload-readah")))
 
 
 SUBSETS = [None, [50, 3, 7, 8, 9, 10, 11, 30, 31, 32, 40, 1, 2]]
@@ -225,9 +235,9 @@ def test_buffers_are_reused_across_epochs_and_early_breaks(store_path, monkeypat
             break  # the batches made ahead go back to the pool too
     for _ in ds:
         pass
-    # in flight at most: 2 held by the loop (current, previous not yet reclaimed), 2 queued, 1 being filled,
-    # and one more still held from the epoch before
-    assert len(allocations) <= 2 + 4
+    # at most: `prefetch` held by the prefetcher, the batch the loop holds, and one more
+    # still held from the epoch before (the loop variable outlives the loop)
+    assert len(allocations) <= 2 + 1 + 1
     assert len(allocations) < len(ds)
 
 
@@ -281,23 +291,44 @@ def test_breaking_out_stops_the_prefetch_thread(store_path):
     assert prefetch_threads() == []
 
 
-def test_gather_errors_reach_the_consumer(store_path, monkeypatch):
+def test_prefetcher_checks_its_arguments_and_slots(store_path):
     store = Store(store_path)
-    ds = FastLoadDataset(store, 4)
-    calls = []
+    image_bytes, label_bytes = np.empty(4 * store.image_nbytes, np.uint8), np.empty(4 * 8, np.uint8)
+    with pytest.raises(ValueError, match="do not add up"):
+        _core.Prefetcher(store._core, np.arange(5), [4])
+    with pytest.raises(IndexError, match="out of range"):
+        _core.Prefetcher(store._core, np.array([0, N]), [2])
+    prefetcher = _core.Prefetcher(store._core, np.arange(8), [4, 4])
+    with pytest.raises(ValueError, match="too small"):
+        prefetcher.add_slot(image_bytes[: 3 * store.image_nbytes], label_bytes[:24])
+    with pytest.raises(ValueError, match="capacity"):
+        prefetcher.add_slot(image_bytes, label_bytes[:31])
+    with pytest.raises(ValueError, match="not a batch buffer the caller holds"):
+        prefetcher.release(0)
+    slot = prefetcher.add_slot(image_bytes, label_bytes)
+    assert prefetcher.next() == (slot, 4)
+    expected, _ = store.gather(np.arange(4))
+    assert np.array_equal(image_bytes.reshape(expected.shape), expected)
+    with pytest.raises(ValueError, match="not a batch buffer the caller holds"):
+        prefetcher.retire(slot + 1)
+    prefetcher.close()
+    prefetcher.close()
+    with pytest.raises(ValueError, match="closed"):
+        prefetcher.next()
 
-    def failing_gather(indices, out=None, labels_out=None):
-        calls.append(1)
-        if len(calls) == 3:
-            raise OSError("disk went away")
-        return Store.gather(store, indices, out=out, labels_out=labels_out)
 
-    monkeypatch.setattr(store, "gather", failing_gather)
-    got = []
-    with pytest.raises(OSError, match="disk went away"):
-        for batch in ds:
-            got.append(batch)
-    assert len(got) == 2
+def test_ctrl_c_interrupts_a_wait_for_a_batch(store_path):
+    """A batch that never comes (no buffer lent) is waited for with the GIL released, and
+    Ctrl-C still ends the wait."""
+    store = Store(store_path)
+    prefetcher = _core.Prefetcher(store._core, np.arange(4), [4])
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        prefetcher.next()
+    assert time.monotonic() - started < 5
+    prefetcher.close()
     assert prefetch_threads() == []
 
 

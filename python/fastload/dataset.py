@@ -1,19 +1,17 @@
 """Feeding a PyTorch training loop from a store: `FastLoadDataset` yields ready batches
-gathered by Rust threads on a background thread, split across DDP ranks and DataLoader
+gathered ahead by a Rust thread (GIL released), split across DDP ranks and DataLoader
 workers; `to_device` moves a uint8 batch to the GPU and converts it only there."""
 
 from __future__ import annotations
 
 import collections
 import os
-import queue
-import resource
-import threading
 from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from fastload import _core
 from fastload.store import PathLike, Store, _fspath, as_indices
 
 ORDERS = ("random", "sequential", "block")
@@ -112,12 +110,18 @@ def _use_count(tensor: torch.Tensor) -> int:
 
 
 class _Buffer:
-    """One batch's images and labels; `copied` is a CUDA event the next fill waits for, so an
-    asynchronous copy to the GPU of the previous contents finishes first."""
+    """One batch's images and labels, the flat byte views of them the prefetcher writes
+    through, and the prefetcher slot that holds them (if any). `copied` is a CUDA event the
+    next fill waits for, so an asynchronous copy to the GPU of the previous contents
+    finishes first."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor):
         self.images, self.labels = images, labels
+        self.image_bytes = images.numpy().reshape(-1)
+        self.label_bytes = labels.numpy().view(np.uint8)
         self.copied: Optional[Any] = None
+        self.owner: Optional[_core.Prefetcher] = None
+        self.slot = -1
         self.baseline = self._references()
 
     def _references(self) -> Tuple[int, int]:
@@ -128,24 +132,25 @@ class _Buffer:
 
 
 class _BufferPool:
-    """Batch buffers, reused once no tensor built on them is alive anywhere, so a batch the
-    user still holds is never overwritten and steady state allocates nothing. In a DataLoader
-    worker the batches travel to the main process through shared memory, where this process
-    cannot see who holds them: there every batch gets a fresh shared-memory buffer."""
+    """Batch buffers, reused once no tensor built on them is alive anywhere (and, for pinned
+    ones, once the GPU copy queued on them has finished), so a batch the user still holds is
+    never overwritten and steady state allocates nothing. In a DataLoader worker the batches
+    travel to the main process through shared memory, where this process cannot see who
+    holds them: there every batch gets a fresh shared-memory buffer."""
 
     def __init__(
         self, batch_size: int, shape: Tuple[int, ...], label_dtype: np.dtype, pin: bool, worker: bool
     ):
         self._images_shape = (batch_size, *shape)
         self._label_dtype = torch.from_numpy(np.empty(0, dtype=label_dtype)).dtype
-        self._pin, self._worker = pin, worker
-        self._reuse = not worker
+        self._pin, self.worker = pin, worker
         self._free: collections.deque = collections.deque()
+        self._copying: collections.deque = collections.deque()
         self._lent: list = []
 
     def _allocate(self) -> _Buffer:
         n = self._images_shape[0]
-        if self._worker:
+        if self.worker:
             images = (
                 torch.empty(0, dtype=torch.uint8)
                 .set_(torch.UntypedStorage._new_shared(int(np.prod(self._images_shape))))
@@ -161,23 +166,21 @@ class _BufferPool:
         )
 
     def take(self) -> _Buffer:
-        """A buffer to fill (called by the prefetch thread); waits for a pending GPU copy."""
-        try:
-            buf = self._free.popleft()
-        except IndexError:
-            return self._allocate()
-        if buf.copied is not None:
+        """A buffer free to fill: a reclaimed one, one whose GPU copy is waited for, or a new one."""
+        if not self._free and self._copying:
+            buf = self._copying.popleft()
             buf.copied.synchronize()
             buf.copied = None
-        return buf
+            self._free.append(buf)
+        return self._free.popleft() if self._free else self._allocate()
 
     def lend(self, buf: _Buffer) -> None:
-        if self._reuse:
+        if not self.worker:
             self._lent.append(buf)
 
     def give_back(self, buf: _Buffer) -> None:
-        """Returns a buffer that was filled but never handed to the user."""
-        if self._reuse:
+        """Returns a buffer that was never handed to the user."""
+        if not self.worker:
             self._free.append(buf)
 
     def reclaim(self) -> None:
@@ -187,106 +190,66 @@ class _BufferPool:
         for buf in self._lent:
             if not buf.unreferenced():
                 still_lent.append(buf)
-                continue
-            if self._pin and torch.cuda.is_initialized():
+            elif self._pin and torch.cuda.is_initialized():
                 buf.copied = torch.cuda.Event()
                 buf.copied.record()
-            self._free.append(buf)
+                self._copying.append(buf)
+            else:
+                self._free.append(buf)
         self._lent = still_lent
+        while self._copying and self._copying[0].copied.query():
+            buf = self._copying.popleft()
+            buf.copied = None
+            self._free.append(buf)
 
 
-class _Failure:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+class _Pass:
+    """One iteration's prefetcher (Rust threads gathering the batches in order, GIL
+    released, with read-ahead hints) and the buffers it holds, kept at `prefetch` of
+    them: enough to have the next batches ready during a training step, few enough to
+    stay near the CPU cache."""
 
+    def __init__(self, store: Store, batches: Sequence[np.ndarray], pool: _BufferPool, prefetch: int):
+        flat = np.concatenate(batches) if len(batches) else np.empty(0, dtype=np.int64)
+        self.prefetcher = _core.Prefetcher(
+            store._core, flat.astype(np.int64, copy=False), [len(b) for b in batches]
+        )
+        self.pool, self.prefetch = pool, prefetch
+        self.held: dict = {}  # slot -> buffer, for the buffers the prefetcher holds
 
-def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
-    """Queues `item` unless told to stop first; says whether it did."""
-    while not stop.is_set():
-        try:
-            out.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            pass
-    return False
+    def next(self) -> Tuple[_Buffer, int]:
+        """The next batch's buffer and record count, handed over to the caller."""
+        self.pool.reclaim()
+        wanted = min(self.prefetch, self.prefetcher.remaining)
+        while len(self.held) < wanted:
+            buf = self.pool.take()
+            if buf.owner is self.prefetcher:
+                self.prefetcher.release(buf.slot)
+            else:
+                buf.owner, buf.slot = self.prefetcher, self.prefetcher.add_slot(buf.image_bytes, buf.label_bytes)
+            self.held[buf.slot] = buf
+        slot, n = self.prefetcher.next()
+        buf = self.held.pop(slot)
+        if self.pool.worker:
+            self.prefetcher.retire(slot)  # the batch leaves for the main process
+        self.pool.lend(buf)
+        return buf, n
 
-
-def _drain(ready: queue.Queue, pool: _BufferPool) -> None:
-    """Empties the queue of batches nobody will take, giving their buffers back to the pool."""
-    while True:
-        try:
-            item = ready.get_nowait()
-        except queue.Empty:
-            return
-        if not isinstance(item, _Failure):
-            pool.give_back(item[0])
-
-
-def _major_faults() -> int:
-    """Page faults of this process that had to wait for the disk."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-
-
-def _read_ahead(
-    store: Store, batches: Sequence[np.ndarray], started: threading.Semaphore, stop: threading.Event
-) -> None:
-    """Readahead thread: asks the kernel to read batch j+1 from disk while batch j is being
-    gathered (released through `started`), on a thread of its own because the hint can block
-    while the kernel queues the reads.
-
-    The hint also costs page-cache lookups (~1 ms per 28 MB batch) when every page is already
-    cached, so it is given for the first two batches and then only from the epoch's first
-    major page fault on."""
-    majors = _major_faults()
-    readahead = False
-    try:
-        for j, idx in enumerate(batches):
-            while not started.acquire(timeout=0.05):
-                if stop.is_set():
-                    return
-            if stop.is_set():
-                return
-            readahead = readahead or _major_faults() != majors
-            if j < 2 or readahead:
-                store.will_need(idx)
-    except Exception:  # a hint only: the gather reports real problems
-        return
-
-
-def _prefetch(
-    store: Store, batches: Sequence[np.ndarray], pool: _BufferPool, out: queue.Queue, stop: threading.Event
-) -> None:
-    """Prefetch thread: gathers batches in order (Rust threads, GIL released) into buffers
-    of `pool`, lets the readahead thread hint the batch after each, and queues them."""
-    started = threading.Semaphore(2)
-    hints = threading.Thread(
-        target=_read_ahead, args=(store, batches, started, stop), name="fastload-readahead", daemon=True
-    )
-    hints.start()
-    try:
-        for j, idx in enumerate(batches):
-            if stop.is_set():
-                return
-            if j:
-                started.release()
-            buf = pool.take()
-            n = len(idx)
-            store.gather(idx, out=buf.images[:n], labels_out=buf.labels[:n])
-            if not _put(out, (buf, n, idx), stop):
-                pool.give_back(buf)
-    except BaseException as exc:  # handed to the consumer, which raises it
-        _put(out, _Failure(exc), stop)
-    finally:
-        stop.set()
-        hints.join()
+    def close(self) -> None:
+        """Joins the threads, then returns the buffers they held (never handed out) to the pool."""
+        self.prefetcher.close()
+        for buf in self.held.values():
+            buf.owner = None
+            self.pool.give_back(buf)
+        self.held.clear()
 
 
 class FastLoadDataset(torch.utils.data.IterableDataset):
     """Batches `(images, labels)` (uint8 N×H×W×C, labels float64 or int64) from a store, plus
     the int64 record numbers when `return_indices=True`.
 
-    Use it with `DataLoader(ds, batch_size=None)` at `num_workers=0` (fastest: Rust threads
-    do the copying while a background thread keeps `prefetch` batches ready), with worker
+    Use it with `DataLoader(ds, batch_size=None)` at `num_workers=0` (fastest: a Rust
+    thread keeps the next `prefetch` batches gathered while the training step runs), with worker
     processes, or directly (`for images, labels in ds`). `len(ds)` is the number of batches
     this rank yields per epoch.
 
@@ -515,20 +478,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def _batches(
         self, store: Store, batches: list, pool: _BufferPool, progress: Optional[list]
     ) -> Iterator[tuple]:
-        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=_prefetch, args=(store, batches, pool, ready, stop), name="fastload-prefetch", daemon=True
-        )
-        thread.start()
+        prefetched = _Pass(store, batches, pool, self.prefetch)
         try:
-            for _ in range(len(batches)):
-                pool.reclaim()
-                item = ready.get()
-                if isinstance(item, _Failure):
-                    raise item.exc
-                buf, n, idx = item
-                pool.lend(buf)
+            for idx in batches:
+                buf, n = prefetched.next()
                 if progress is not None:
                     progress[1] += 1
                 if self.return_indices:
@@ -538,10 +491,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             if progress is not None and self._progress is progress:
                 self._progress = None
         finally:
-            stop.set()
-            _drain(ready, pool)  # unblocks the prefetch thread
-            thread.join()
-            _drain(ready, pool)
+            prefetched.close()
 
 
 def to_device(

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use crate::error::Error;
 
 mod pack;
+mod prefetch;
 mod store;
 mod writer;
 
@@ -39,6 +40,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_META_LEN", crate::format::MAX_META_LEN)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     pack::register(m)?;
+    prefetch::register(m)?;
     store::register(m)?;
     writer::register(m)?;
     Ok(())

@@ -10,7 +10,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::{to_py, StoreError};
-use crate::gather::{gather, resolve_indices, Stores};
+use crate::gather::{gather, resolve_indices};
 use crate::store::Store;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -70,7 +70,7 @@ pub struct CoreStore {
 }
 
 impl CoreStore {
-    fn store(&self) -> PyResult<Store> {
+    pub(super) fn store(&self) -> PyResult<Store> {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -171,7 +171,7 @@ impl CoreStore {
             .map_err(|_| PyValueError::new_err("labels must be C-contiguous"))?;
         py.detach(|| {
             let records = resolve_indices(&store, indices)?;
-            gather(&store, &records, images, labels, Stores::Cached)
+            gather(&store, &records, images, labels)
         })
         .map_err(to_py)
     }
