@@ -81,12 +81,14 @@ struct Slot {
 // the caller has handed the slot over (the contract of `Prefetcher::add_slot`).
 unsafe impl Send for Slot {}
 
-/// A batch the gather thread has finished: `len` records in slot `slot`.
+/// A batch the gather thread has finished: `len` records in slot `slot`; `waited` says
+/// whether it was still being gathered when first asked for (the caller outpaces the gather).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Filled {
     pub slot: usize,
     pub batch: usize,
     pub len: usize,
+    pub waited: bool,
 }
 
 struct State {
@@ -125,6 +127,7 @@ pub struct Prefetcher {
     capacity: usize,
     total: usize,
     taken: usize,
+    waited: bool,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -159,6 +162,7 @@ impl Prefetcher {
             capacity,
             total,
             taken: 0,
+            waited: false,
             threads,
         }
     }
@@ -248,6 +252,7 @@ impl Prefetcher {
         }
         let mut state = self.shared.lock();
         if state.ready.is_empty() && !state.done {
+            self.waited = true;
             state = self
                 .shared
                 .changed
@@ -266,9 +271,15 @@ impl Prefetcher {
             *held = true;
         }
         self.taken += 1;
+        let waited = std::mem::take(&mut self.waited);
         result?;
         let len = self.batches.get(batch).len();
-        Ok(Some(Filled { slot, batch, len }))
+        Ok(Some(Filled {
+            slot,
+            batch,
+            len,
+            waited,
+        }))
     }
 }
 
@@ -469,6 +480,10 @@ mod tests {
         extra.add_all(&prefetcher);
         let fourth = prefetcher.next(WAIT).unwrap().unwrap();
         assert_eq!(extra.records(&Filled { slot: 0, ..fourth }), vec![6, 7]);
+        assert!(
+            fourth.waited,
+            "the batch could not be gathered before a slot was added"
+        );
         assert_eq!(buffers.records(&first), vec![0, 1]);
         assert_eq!(prefetcher.next(WAIT).unwrap(), None);
     }

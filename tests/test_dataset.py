@@ -306,7 +306,7 @@ def test_prefetcher_checks_its_arguments_and_slots(store_path):
     with pytest.raises(ValueError, match="not a batch buffer the caller holds"):
         prefetcher.release(0)
     slot = prefetcher.add_slot(image_bytes, label_bytes)
-    assert prefetcher.next() == (slot, 4)
+    assert prefetcher.next() == (slot, 4, True)
     expected, _ = store.gather(np.arange(4))
     assert np.array_equal(image_bytes.reshape(expected.shape), expected)
     with pytest.raises(ValueError, match="not a batch buffer the caller holds"):

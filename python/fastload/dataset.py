@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import weakref
 from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -122,6 +123,7 @@ class _Buffer:
         self.copied: Optional[Any] = None
         self.owner: Optional[_core.Prefetcher] = None
         self.slot = -1
+        self.lent = False
         self.baseline = self._references()
 
     def _references(self) -> Tuple[int, int]:
@@ -134,9 +136,11 @@ class _Buffer:
 class _BufferPool:
     """Batch buffers, reused once no tensor built on them is alive anywhere (and, for pinned
     ones, once the GPU copy queued on them has finished), so a batch the user still holds is
-    never overwritten and steady state allocates nothing. In a DataLoader worker the batches
-    travel to the main process through shared memory, where this process cannot see who
-    holds them: there every batch gets a fresh shared-memory buffer."""
+    never overwritten and steady state allocates nothing. A buffer comes back the moment the
+    batch's images tensor dies, as in a `for` loop that moves on to the next batch, or else
+    when a later batch is taken. In a DataLoader worker the batches travel to the main
+    process through shared memory, where this process cannot see who holds them: there every
+    batch gets a fresh shared-memory buffer."""
 
     def __init__(
         self, batch_size: int, shape: Tuple[int, ...], label_dtype: np.dtype, pin: bool, worker: bool
@@ -147,6 +151,7 @@ class _BufferPool:
         self._free: collections.deque = collections.deque()
         self._copying: collections.deque = collections.deque()
         self._lent: list = []
+        self.active: Optional[_Pass] = None  # the iteration under way, which takes free buffers first
 
     def _allocate(self) -> _Buffer:
         n = self._images_shape[0]
@@ -172,76 +177,107 @@ class _BufferPool:
             buf.copied.synchronize()
             buf.copied = None
             self._free.append(buf)
-        return self._free.popleft() if self._free else self._allocate()
+        # Last freed, first reused: its lines are the likeliest to be still in the CPU cache.
+        return self._free.pop() if self._free else self._allocate()
 
-    def lend(self, buf: _Buffer) -> None:
-        if not self.worker:
-            self._lent.append(buf)
+    def lend(self, buf: _Buffer, images: torch.Tensor) -> None:
+        """Hands `buf` to the user as the tensor `images` (and views of it)."""
+        if self.worker:
+            return
+        buf.lent = True
+        self._lent.append(buf)
+        weakref.finalize(images, self._let_go, buf)
 
     def give_back(self, buf: _Buffer) -> None:
-        """Returns a buffer that was never handed to the user."""
-        if not self.worker:
+        """Takes back a buffer free to fill: the iteration under way gets it if it is short
+        of buffers, the pool keeps it otherwise."""
+        if self.worker:
+            return
+        if self.active is None or not self.active.adopt(buf):
             self._free.append(buf)
+
+    def _let_go(self, buf: _Buffer) -> None:
+        """The yielded images tensor is gone; if nothing else holds the buffer, it is free now."""
+        if buf.lent and not self._pin and buf.unreferenced():
+            buf.lent = False
+            self._lent.remove(buf)
+            self.give_back(buf)
 
     def reclaim(self) -> None:
         """Frees lent buffers the user has let go of (called by the consumer thread, whose
         current CUDA stream is the one the user's copies were queued on)."""
-        still_lent = []
-        for buf in self._lent:
-            if not buf.unreferenced():
-                still_lent.append(buf)
-            elif self._pin and torch.cuda.is_initialized():
+        let_go = [buf for buf in self._lent if buf.unreferenced()]
+        for buf in let_go:
+            buf.lent = False
+            self._lent.remove(buf)
+            if self._pin and torch.cuda.is_initialized():
                 buf.copied = torch.cuda.Event()
                 buf.copied.record()
                 self._copying.append(buf)
             else:
-                self._free.append(buf)
-        self._lent = still_lent
+                self.give_back(buf)
         while self._copying and self._copying[0].copied.query():
             buf = self._copying.popleft()
             buf.copied = None
-            self._free.append(buf)
+            self.give_back(buf)
 
 
 class _Pass:
-    """One iteration's prefetcher (Rust threads gathering the batches in order, GIL
-    released, with read-ahead hints) and the buffers it holds, kept at `prefetch` of
-    them: enough to have the next batches ready during a training step, few enough to
-    stay near the CPU cache."""
+    """One iteration: a Rust prefetcher (a thread gathering the batches in order, GIL
+    released, and one giving read-ahead hints) and the buffers it holds for the batches
+    after the user's current one: `prefetch` of them while batches are ready before they are
+    asked for (the training step is the slower side: depth absorbs the loader's jitter),
+    one while the user has to wait for each batch (the loader is the slower side and is
+    never idle with one: then fewer buffers keep the ring of buffers in the CPU cache,
+    and every copy is faster)."""
 
     def __init__(self, store: Store, batches: Sequence[np.ndarray], pool: _BufferPool, prefetch: int):
         flat = np.concatenate(batches) if len(batches) else np.empty(0, dtype=np.int64)
-        self.prefetcher = _core.Prefetcher(
-            store._core, flat.astype(np.int64, copy=False), [len(b) for b in batches]
-        )
+        self.prefetcher = _core.Prefetcher(store._core, flat.astype(np.int64, copy=False), [len(b) for b in batches])
         self.pool, self.prefetch = pool, prefetch
         self.held: dict = {}  # slot -> buffer, for the buffers the prefetcher holds
+        self.depth = prefetch
+        self.closed = False
+        pool.active = self
 
-    def next(self) -> Tuple[_Buffer, int]:
-        """The next batch's buffer and record count, handed over to the caller."""
+    def short(self) -> bool:
+        """Whether the prefetcher holds fewer buffers than it should."""
+        return not self.closed and len(self.held) < min(self.depth, self.prefetcher.remaining)
+
+    def adopt(self, buf: _Buffer) -> bool:
+        """Lends a free buffer to the prefetcher if it is short of them."""
+        if not self.short():
+            return False
+        if buf.owner is self.prefetcher:
+            self.prefetcher.release(buf.slot)
+        else:
+            buf.owner, buf.slot = self.prefetcher, self.prefetcher.add_slot(buf.image_bytes, buf.label_bytes)
+        self.held[buf.slot] = buf
+        return True
+
+    def next(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The next batch's images and labels, lent to the caller."""
         self.pool.reclaim()
-        wanted = min(self.prefetch, self.prefetcher.remaining)
-        while len(self.held) < wanted:
-            buf = self.pool.take()
-            if buf.owner is self.prefetcher:
-                self.prefetcher.release(buf.slot)
-            else:
-                buf.owner, buf.slot = self.prefetcher, self.prefetcher.add_slot(buf.image_bytes, buf.label_bytes)
-            self.held[buf.slot] = buf
-        slot, n = self.prefetcher.next()
+        while self.short():
+            self.adopt(self.pool.take())
+        slot, n, waited = self.prefetcher.next()
+        self.depth = 1 if waited else self.prefetch
         buf = self.held.pop(slot)
         if self.pool.worker:
             self.prefetcher.retire(slot)  # the batch leaves for the main process
-        self.pool.lend(buf)
-        return buf, n
+        images = buf.images[:n]
+        self.pool.lend(buf, images)
+        return images, buf.labels[:n]
 
     def close(self) -> None:
         """Joins the threads, then returns the buffers they held (never handed out) to the pool."""
+        self.closed = True
         self.prefetcher.close()
-        for buf in self.held.values():
-            buf.owner = None
+        if self.pool.active is self:
+            self.pool.active = None
+        held, self.held = list(self.held.values()), {}
+        for buf in held:
             self.pool.give_back(buf)
-        self.held.clear()
 
 
 class FastLoadDataset(torch.utils.data.IterableDataset):
@@ -481,13 +517,13 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         prefetched = _Pass(store, batches, pool, self.prefetch)
         try:
             for idx in batches:
-                buf, n = prefetched.next()
+                images, labels = prefetched.next()
                 if progress is not None:
                     progress[1] += 1
                 if self.return_indices:
-                    yield buf.images[:n], buf.labels[:n], torch.from_numpy(np.array(idx))
+                    yield images, labels, torch.from_numpy(np.array(idx))
                 else:
-                    yield buf.images[:n], buf.labels[:n]
+                    yield images, labels
             if progress is not None and self._progress is progress:
                 self._progress = None
         finally:
