@@ -98,6 +98,10 @@ struct State {
     ready: VecDeque<(usize, usize, Result<()>)>,
     /// Batches whose gather has begun.
     started: usize,
+    /// Batches returned by `next`.
+    taken: usize,
+    /// `next` found the batch it returns next not ready.
+    waited: bool,
     /// The gather thread has exited (all batches done, a failure, or stop).
     done: bool,
     stop: bool,
@@ -126,8 +130,6 @@ pub struct Prefetcher {
     batches: Arc<Batches>,
     capacity: usize,
     total: usize,
-    taken: usize,
-    waited: bool,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -140,6 +142,8 @@ impl Prefetcher {
                 free: VecDeque::new(),
                 ready: VecDeque::new(),
                 started: 0,
+                taken: 0,
+                waited: false,
                 done: batches.is_empty(),
                 stop: false,
             }),
@@ -161,8 +165,6 @@ impl Prefetcher {
             batches,
             capacity,
             total,
-            taken: 0,
-            waited: false,
             threads,
         }
     }
@@ -241,18 +243,18 @@ impl Prefetcher {
 
     /// Batches not yet returned by `next`.
     pub fn remaining(&self) -> usize {
-        self.total - self.taken
+        self.total - self.shared.lock().taken
     }
 
     /// The next batch in order, waiting up to `timeout` for it: Ok(None) on timeout or
     /// after the last batch, Err when its gather failed (no batch follows a failure).
-    pub fn next(&mut self, timeout: Duration) -> Result<Option<Filled>> {
-        if self.taken == self.total {
+    pub fn next(&self, timeout: Duration) -> Result<Option<Filled>> {
+        let mut state = self.shared.lock();
+        if state.taken == self.total {
             return Ok(None);
         }
-        let mut state = self.shared.lock();
         if state.ready.is_empty() && !state.done {
-            self.waited = true;
+            state.waited = true;
             state = self
                 .shared
                 .changed
@@ -270,8 +272,8 @@ impl Prefetcher {
         if let Some((_, held)) = state.slots[slot].as_mut() {
             *held = true;
         }
-        self.taken += 1;
-        let waited = std::mem::take(&mut self.waited);
+        state.taken += 1;
+        let waited = std::mem::take(&mut state.waited);
         result?;
         let len = self.batches.get(batch).len();
         Ok(Some(Filled {
@@ -431,7 +433,7 @@ mod tests {
         let order: Vec<i64> = vec![3, 9, 0, 1, 7, 7, -1, 2, 5, 4, 6];
         let mut buffers = Buffers::new(2, 4);
         let batches = batches(&store, &order, &[4, 4, 3]);
-        let mut prefetcher = Prefetcher::start(store, batches);
+        let prefetcher = Prefetcher::start(store, batches);
         buffers.add_all(&prefetcher);
         let mut seen = Vec::new();
         while let Some(filled) = prefetcher.next(WAIT).unwrap() {
@@ -453,8 +455,7 @@ mod tests {
         let store = make_store(dir.path(), 8);
         let order: Vec<i64> = (0..8).collect();
         let mut buffers = Buffers::new(2, 2);
-        let mut prefetcher =
-            Prefetcher::start(store.clone(), batches(&store, &order, &[2, 2, 2, 2]));
+        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &order, &[2, 2, 2, 2]));
         buffers.add_all(&prefetcher);
         let first = prefetcher.next(WAIT).unwrap().unwrap();
         let second = prefetcher.next(WAIT).unwrap().unwrap();
@@ -516,7 +517,7 @@ mod tests {
         let store = make_store(dir.path(), 6);
         let order: Vec<i64> = (0..6).collect();
         let mut buffers = Buffers::new(1, 1);
-        let mut prefetcher = Prefetcher::start(store.clone(), batches(&store, &order, &[1; 6]));
+        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &order, &[1; 6]));
         buffers.add_all(&prefetcher);
         assert!(prefetcher.next(WAIT).unwrap().is_some());
         let started = std::time::Instant::now();
@@ -528,7 +529,7 @@ mod tests {
     fn an_empty_pass_ends_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = make_store(dir.path(), 3);
-        let mut prefetcher = Prefetcher::start(store.clone(), batches(&store, &[], &[]));
+        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &[], &[]));
         assert_eq!(prefetcher.next(WAIT).unwrap(), None);
         assert_eq!(prefetcher.remaining(), 0);
     }

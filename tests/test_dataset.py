@@ -317,6 +317,81 @@ def test_prefetcher_checks_its_arguments_and_slots(store_path):
         prefetcher.next()
 
 
+def test_prefetcher_takes_a_buffer_back_from_another_thread_while_waiting(store_path):
+    store = Store(store_path)
+    image_bytes, label_bytes = np.empty(4 * store.image_nbytes, np.uint8), np.empty(4 * 8, np.uint8)
+    prefetcher = _core.Prefetcher(store._core, np.arange(8), [4, 4])
+    slot = prefetcher.add_slot(image_bytes, label_bytes)
+    assert prefetcher.next()[:2] == (slot, 4)
+    threading.Timer(0.2, prefetcher.release, (slot,)).start()
+    assert prefetcher.next() == (slot, 4, True)  # waited for the buffer, then got batch 2
+    expected, _ = store.gather(np.arange(4, 8))
+    assert np.array_equal(image_bytes.reshape(expected.shape), expected)
+    assert prefetcher.next() is None and prefetcher.remaining == 0
+    prefetcher.close()
+
+
+def prefetch_depths(monkeypatch):
+    """Records, for every batch taken, how many buffers the prefetcher then keeps ahead."""
+    depths = []
+    take = fastload.dataset._Pass.next
+
+    def recording(self):
+        batch = take(self)
+        depths.append(self.depth)
+        return batch
+
+    monkeypatch.setattr(fastload.dataset._Pass, "next", recording)
+    return depths
+
+
+def test_a_slow_training_step_finds_its_batches_ready(store_path, monkeypatch):
+    """While the step is the slower side, the next `prefetch` batches are gathered during
+    it, so no batch after the first is waited for."""
+    depths = prefetch_depths(monkeypatch)
+    ds = FastLoadDataset(store_path, 4, prefetch=3, return_indices=True)
+    seen = []
+    for _, _, idx in ds:
+        time.sleep(0.02)  # the training step
+        seen += idx.tolist()
+    assert depths[1:] == [3] * (len(ds) - 1)
+    assert sorted(seen) == list(range(N))
+
+
+class AlwaysWaited:
+    """A prefetcher whose every batch reports that the consumer had to wait for it."""
+
+    real = _core.Prefetcher
+
+    def __init__(self, *args):
+        self._real = self.real(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def next(self):
+        slot, n, _ = self._real.next()
+        return slot, n, True
+
+
+def test_a_loader_bound_loop_rotates_few_buffers(store_path, monkeypatch):
+    """While the loop waits for every batch (the loader is the slower side), one buffer
+    ahead keeps the gather busy, and only three buffers rotate (warm in the CPU cache)."""
+    depths = prefetch_depths(monkeypatch)
+    monkeypatch.setattr(fastload.dataset._core, "Prefetcher", AlwaysWaited)
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 2, prefetch=4, shuffle=False)
+    for _ in range(2):
+        buffers, first = [], []
+        for images, _ in ds:
+            buffers.append(images.data_ptr())
+            first += images[:, 0, 0, 0].tolist()
+        assert first == store.images[:, 0, 0, 0].tolist()
+        # the first batches use the buffers lent when the pass started, `prefetch` of them
+        assert len(set(buffers[4:])) <= 3
+    assert set(depths) == {1}
+
+
 def test_ctrl_c_interrupts_a_wait_for_a_batch(store_path):
     """A batch that never comes (no buffer lent) is waited for with the GIL released, and
     Ctrl-C still ends the wait."""

@@ -186,7 +186,7 @@ class _BufferPool:
             return
         buf.lent = True
         self._lent.append(buf)
-        weakref.finalize(images, self._let_go, buf)
+        weakref.finalize(images, self._let_go, buf).atexit = False
 
     def give_back(self, buf: _Buffer) -> None:
         """Takes back a buffer free to fill: the iteration under way gets it if it is short

@@ -1,7 +1,7 @@
 //! Binding of the background `Prefetcher` that `FastLoadDataset` drives.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use numpy::{PyReadonlyArray1, PyReadwriteArrayDyn, PyUntypedArrayMethods};
@@ -24,7 +24,9 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 /// Fields drop in order: the threads are joined before the buffers are let go.
 #[pyclass(frozen, name = "Prefetcher", module = "fastload._core")]
 pub struct CorePrefetcher {
-    inner: Mutex<Option<Prefetcher>>,
+    /// Read-locked by every call, so a batch buffer can be handed back from another
+    /// thread while `next` waits; write-locked only by `close`.
+    inner: RwLock<Option<Prefetcher>>,
     /// The arrays behind each slot, kept alive while the prefetcher may write them.
     buffers: Mutex<HashMap<usize, (Py<PyAny>, Py<PyAny>)>>,
     image_len: usize,
@@ -35,9 +37,9 @@ fn closed() -> PyErr {
 }
 
 impl CorePrefetcher {
-    fn with<R>(&self, f: impl FnOnce(&mut Prefetcher) -> PyResult<R>) -> PyResult<R> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(inner.as_mut().ok_or_else(closed)?)
+    fn with<R>(&self, f: impl FnOnce(&Prefetcher) -> PyResult<R>) -> PyResult<R> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        f(inner.as_ref().ok_or_else(closed)?)
     }
 }
 
@@ -69,7 +71,7 @@ impl CorePrefetcher {
             .map_err(to_py)?;
         let image_len = store.header().image_len();
         Ok(CorePrefetcher {
-            inner: Mutex::new(Some(Prefetcher::start(store, batches))),
+            inner: RwLock::new(Some(Prefetcher::start(store, batches))),
             buffers: Mutex::new(HashMap::new()),
             image_len,
         })
@@ -151,7 +153,7 @@ impl CorePrefetcher {
 
     /// Stops and joins the threads, then lets go of every buffer; idempotent.
     fn close(&self, py: Python<'_>) {
-        let prefetcher = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let prefetcher = py.detach(|| self.inner.write().unwrap_or_else(|e| e.into_inner()).take());
         py.detach(|| drop(prefetcher));
         self.buffers
             .lock()
