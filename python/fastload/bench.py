@@ -388,10 +388,14 @@ def _dataset_epochs(ctx: Context, order: str, deliver: Callable = lambda images:
 
 
 def bench_dataset(ctx: Context) -> List[Figure]:
-    """`FastLoadDataset` epochs over the sampled records: warm and cold, random and block order."""
+    """`FastLoadDataset` epochs over the sampled records: warm in random and block order, and
+    cold (first epoch from disk) in every order, to set against a sequential read of the file."""
     figures = []
-    for measure, state in ((_warm, "warm"), (_cold, "cold")):
-        for order in ("random", "block"):
+    for measure, state, orders in (
+        (_warm, "warm", ("random", "block")),
+        (_cold, "cold", ("random", "block", "sequential")),
+    ):
+        for order in orders:
             figures.append(
                 measure(ctx, "dataset", f"FastLoadDataset, {state}, {order}", _dataset_epochs(ctx, order))
             )
