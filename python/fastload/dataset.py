@@ -315,6 +315,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     tensor built on them is gone (and, for pinned ones, after the GPU copy queued on the
     current stream has finished). In workers batches go to shared memory and are not pinned
     (use the DataLoader's pin_memory there).
+
+    Prefetch: while the training step is slower than the gather, the next `prefetch` batches
+    are gathered during each step; while the loop waits for every batch, one is gathered
+    ahead (enough to keep the gather busy), so fewer buffers rotate through the CPU cache.
     """
 
     def __init__(
