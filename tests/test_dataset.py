@@ -570,3 +570,17 @@ def test_anonymous_memory_does_not_grow_with_the_store(tmp_path):
     for _ in ds:
         pass
     assert _rss_anon() - before < 0.2 * os.path.getsize(path)
+
+
+def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path):
+    ds = FastLoadDataset(store_path, 2**40, return_indices=True)
+    assert len(ds) == 1
+    ((images, labels, idx),) = list(ds)
+    assert images.shape[0] == N and sorted(idx.tolist()) == list(range(N))
+    assert images.untyped_storage().nbytes() == N * images[0].numel()
+
+
+def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
+    pool = fastload.dataset._BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
+    with pytest.raises(MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"):
+        pool.take()

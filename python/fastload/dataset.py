@@ -91,6 +91,11 @@ class RankPlan:
     def __len__(self) -> int:
         return self.full + (self.tail > 0)
 
+    @property
+    def largest(self) -> int:
+        """Records in this rank's largest batch: what a batch buffer must hold."""
+        return self.batch_size if self.full else self.tail
+
     def batch(self, order: np.ndarray, k: int) -> np.ndarray:
         """Record numbers of this rank's k-th batch; `order` is padded to `self.padded` records."""
         b, w, r = self.batch_size, self.world_size, self.rank
@@ -154,6 +159,16 @@ class _BufferPool:
         self.active: Optional[_Pass] = None  # the iteration under way, which takes free buffers first
 
     def _allocate(self) -> _Buffer:
+        try:
+            return self._new_buffer()
+        except RuntimeError as exc:  # torch's allocator: out of memory, or a size it refuses
+            n, nbytes = self._images_shape[0], int(np.prod(self._images_shape, dtype=object))
+            raise MemoryError(
+                f"cannot allocate a batch buffer of {n} images ({nbytes / 1e9:.3g} GB): "
+                f"use a smaller batch_size ({exc})"
+            ) from None
+
+    def _new_buffer(self) -> _Buffer:
         n = self._images_shape[0]
         if self.worker:
             images = (
@@ -233,7 +248,9 @@ class _Pass:
 
     def __init__(self, store: Store, batches: Sequence[np.ndarray], pool: _BufferPool, prefetch: int):
         flat = np.concatenate(batches) if len(batches) else np.empty(0, dtype=np.int64)
-        self.prefetcher = _core.Prefetcher(store._core, flat.astype(np.int64, copy=False), [len(b) for b in batches])
+        self.prefetcher = _core.Prefetcher(
+            store._core, flat.astype(np.int64, copy=False), [len(b) for b in batches]
+        )
         self.pool, self.prefetch = pool, prefetch
         self.held: dict = {}  # slot -> buffer, for the buffers the prefetcher holds
         self.depth = prefetch
@@ -425,13 +442,13 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
 
     def _buffers(self, store: Store, worker: bool) -> _BufferPool:
         """A worker's fresh pool, or the main process's pool, kept across epochs so that
-        steady state allocates (and pins) nothing."""
+        steady state allocates (and pins) nothing. Buffers hold the largest batch, which is
+        smaller than batch_size when the rank's share is."""
+        capacity = max(1, self._plan.largest)
         if worker:
-            return _BufferPool(self.batch_size, store.shape, store.label_dtype, pin=False, worker=True)
+            return _BufferPool(capacity, store.shape, store.label_dtype, pin=False, worker=True)
         if self._pool is None:
-            self._pool = _BufferPool(
-                self.batch_size, store.shape, store.label_dtype, self.pin_memory, worker=False
-            )
+            self._pool = _BufferPool(capacity, store.shape, store.label_dtype, self.pin_memory, worker=False)
         return self._pool
 
     def set_epoch(self, epoch: int) -> None:
