@@ -11,6 +11,7 @@ files, alternating, median of `--repeats` runs each:
 
 Prints files/s, MB/s of JPEG read, the ratio, and the PSNR between the two packers' pixels.
 
+    pip install -e ".[bench]"    # Pillow and scikit-image (the sample photographs)
     python benches/bench_pack.py [--files 600] [--size 256] [--resize crop] [--workers N]
 """
 
@@ -130,7 +131,7 @@ def main() -> None:
         ours = np.asarray(fastload.Store(tmp / "store.fl").images)
         theirs = np.fromfile(tmp / "pillow.raw", dtype=np.uint8).reshape(ours.shape)
 
-    print(f"machine: {machine()} (shared with other engineers' jobs)")
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start")
     print(f"{args.files} JPEGs, {source_bytes / 1e6:.1f} MB, -> {args.size}x{args.size} {args.resize}, "
           f"{args.workers} workers, median of {args.repeats}")
     medians = {name: statistics.median(t) for name, t in times.items()}

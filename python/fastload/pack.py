@@ -15,6 +15,7 @@ import os
 import posixpath
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -409,7 +410,9 @@ def pack(
 
     decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
     chunk = max(1, min(FILES_PER_THREAD * decoder.num_threads, MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // (height * width * 3)))
-    buffer = np.empty((chunk, height, width, 3), dtype=np.uint8)
+    # Two record buffers: the writer thread appends one chunk while the next is decoded into
+    # the other, so no core idles while a chunk is written (both calls release the GIL).
+    buffers = [np.empty((chunk, height, width, 3), dtype=np.uint8) for _ in range(2)]
     meta = {
         "pack": {
             "size": [height, width],
@@ -429,19 +432,25 @@ def pack(
     bar = _ProgressBar(not quiet and sys.stderr.isatty(), len(todo))
     try:
         with StoreWriter(dest, (height, width, 3), label_dtype, meta=meta, overwrite=overwrite) as writer:
-            for start in range(0, len(todo), chunk):
-                names = todo[start : start + chunk]
-                outcomes = decoder.decode_into([str(src / n) for n in names], buffer)
-                ok = [i for i, (_, reason) in enumerate(outcomes) if reason is None]
-                failed += [(names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None]
-                source_bytes += sum(read for read, _ in outcomes)
-                images = buffer[: len(names)] if len(ok) == len(names) else buffer[ok]
-                writer.extend(images, [by_path[names[i]] for i in ok])
-                sources += [_display(names[i]) for i in ok]
-                done = start + len(names)
-                bar.update(done, source_bytes, force=done == len(todo))
-                if progress is not None:
-                    progress(done, len(todo))
+            with ThreadPoolExecutor(1, thread_name_prefix="fastload-pack-writer") as io:
+                writing = None
+                for k, start in enumerate(range(0, len(todo), chunk)):
+                    names, buffer = todo[start : start + chunk], buffers[k % 2]
+                    outcomes = decoder.decode_into([str(src / n) for n in names], buffer)
+                    ok = [i for i, (_, reason) in enumerate(outcomes) if reason is None]
+                    failed += [(names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None]
+                    source_bytes += sum(read for read, _ in outcomes)
+                    images = buffer[: len(names)] if len(ok) == len(names) else buffer[ok]
+                    if writing is not None:
+                        writing.result()  # the previous chunk is written: its buffer is free
+                    writing = io.submit(writer.extend, images, [by_path[names[i]] for i in ok])
+                    sources += [_display(names[i]) for i in ok]
+                    done = start + len(names)
+                    bar.update(done, source_bytes, force=done == len(todo))
+                    if progress is not None:
+                        progress(done, len(todo))
+                if writing is not None:
+                    writing.result()
             skipped = sorted(skipped + failed)
             bad = [s for s in skipped if s[1] != UNLABELLED_SKIPPED]
             if strict and bad:
