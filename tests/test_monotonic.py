@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sklearn.isotonic import IsotonicRegression
 from torch import nn
@@ -103,6 +103,15 @@ def _base_points(sizes, count: int, generator: torch.Generator) -> torch.Tensor:
 
 
 @PROPERTY
+@example(
+    num_keypoints=10,
+    monotonicity=-1,
+    bounded=True,
+    input_min=-52.14664898213355,
+    width=3.498656234663863,
+    scale=1e4,
+    seed=22729,
+)  # once gave -3.0000229 < output_min: the position in the last cell rounded past 1
 @given(
     num_keypoints=st.integers(2, 12),
     monotonicity=st.sampled_from([-1, 1]),

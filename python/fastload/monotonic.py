@@ -93,10 +93,11 @@ def _dtypes(x: torch.Tensor, param: torch.Tensor) -> Tuple[torch.dtype, torch.dt
 
 
 def _lerp(a: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Interpolation monotone in ``f`` under rounding. Inside a cell ``f < 1``, so ``f`` is at most
-    1 - 2^-p (p = mantissa bits) and ``fl(f * fl(b - a))`` can be shown never to exceed ``|b - a|``:
-    the result stays between ``a`` and ``b`` and cannot overshoot the next cell's start."""
-    return a + f * (b - a)
+    """Interpolation monotone in ``f`` under rounding, kept between ``a`` and ``b``: at ``f = 1``
+    (the last keypoint) ``fl(b - a)`` can round past ``b - a`` and ``a + fl(b - a)`` overshoot
+    ``b`` (and an output bound), so the result is clamped to the segment. Clamping is monotone,
+    and the next cell starts at exactly its ``a``, so monotonicity holds across cells too."""
+    return torch.minimum(torch.maximum(a + f * (b - a), torch.minimum(a, b)), torch.maximum(a, b))
 
 
 def _check_monotonicities(values, allowed: Tuple[int, ...], length: int, name: str) -> List[int]:
