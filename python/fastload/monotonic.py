@@ -93,10 +93,10 @@ def _dtypes(x: torch.Tensor, param: torch.Tensor) -> Tuple[torch.dtype, torch.dt
 
 
 def _lerp(a: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Interpolation monotone in ``f`` under rounding, kept between ``a`` and ``b``: at ``f = 1``
-    (the last keypoint) ``fl(b - a)`` can round past ``b - a`` and ``a + fl(b - a)`` overshoot
-    ``b`` (and an output bound), so the result is clamped to the segment. Clamping is monotone,
-    and the next cell starts at exactly its ``a``, so monotonicity holds across cells too."""
+    """Interpolation monotone in ``f`` under rounding, kept between ``a`` and ``b``: the position
+    ``f`` in the last cell can round past 1 (and ``fl(b - a)`` past ``b - a``), so ``a + f * (b -
+    a)`` could overshoot ``b`` and an output bound; the result is clamped to the segment. Clamping
+    is monotone, and the next cell starts at exactly its ``a``, so monotonicity holds across cells."""
     return torch.minimum(torch.maximum(a + f * (b - a), torch.minimum(a, b)), torch.maximum(a, b))
 
 
