@@ -107,9 +107,14 @@ struct State {
     stop: bool,
 }
 
+/// The state and one condition variable per waiter, so that each change wakes only the
+/// thread that waits for it: the gather thread (`freed`), the caller (`filled`) and the
+/// read-ahead thread (`started`).
 struct Shared {
     state: Mutex<State>,
-    changed: Condvar,
+    freed: Condvar,
+    filled: Condvar,
+    started: Condvar,
 }
 
 impl Shared {
@@ -118,8 +123,14 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+    fn wait<'a>(&self, on: &Condvar, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        on.wait(guard).unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake_all(&self) {
+        self.freed.notify_all();
+        self.filled.notify_all();
+        self.started.notify_all();
     }
 }
 
@@ -147,7 +158,9 @@ impl Prefetcher {
                 done: batches.is_empty(),
                 stop: false,
             }),
-            changed: Condvar::new(),
+            freed: Condvar::new(),
+            filled: Condvar::new(),
+            started: Condvar::new(),
         });
         let (capacity, total) = (batches.max_len(), batches.len());
         let batches = Arc::new(batches);
@@ -197,7 +210,7 @@ impl Prefetcher {
         };
         state.slots.push(Some((slot, false)));
         state.free.push_back(id);
-        self.shared.changed.notify_all();
+        self.shared.freed.notify_one();
         Ok(id)
     }
 
@@ -218,7 +231,7 @@ impl Prefetcher {
             *held = false;
         }
         state.free.push_back(slot);
-        self.shared.changed.notify_all();
+        self.shared.freed.notify_one();
         Ok(())
     }
 
@@ -257,7 +270,7 @@ impl Prefetcher {
             state.waited = true;
             state = self
                 .shared
-                .changed
+                .filled
                 .wait_timeout_while(state, timeout, |s| s.ready.is_empty() && !s.done)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -288,7 +301,7 @@ impl Prefetcher {
 impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.shared.lock().stop = true;
-        self.shared.changed.notify_all();
+        self.shared.wake_all();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -308,7 +321,7 @@ struct DoneOnExit<'a>(&'a Shared);
 impl Drop for DoneOnExit<'_> {
     fn drop(&mut self) {
         self.0.lock().done = true;
-        self.0.changed.notify_all();
+        self.0.wake_all();
     }
 }
 
@@ -318,7 +331,7 @@ fn gather_loop(shared: &Shared, store: &Store, batches: &Batches) {
     for j in 0..batches.len() {
         let mut state = shared.lock();
         while !state.stop && state.free.is_empty() {
-            state = shared.wait(state);
+            state = shared.wait(&shared.freed, state);
         }
         if state.stop {
             return;
@@ -327,7 +340,7 @@ fn gather_loop(shared: &Shared, store: &Store, batches: &Batches) {
         let (slot, _) = state.slots[id].expect("a free slot is never retired");
         state.started = j + 1;
         drop(state);
-        shared.changed.notify_all();
+        shared.started.notify_one();
         let records = batches.get(j);
         debug_assert!(records.len() <= slot.capacity);
         // SAFETY: the caller handed this slot over with room for `capacity` ≥ records.len()
@@ -339,7 +352,7 @@ fn gather_loop(shared: &Shared, store: &Store, batches: &Batches) {
         };
         let failed = result.is_err();
         shared.lock().ready.push_back((id, j, result));
-        shared.changed.notify_all();
+        shared.filled.notify_all();
         if failed {
             return;
         }
@@ -353,7 +366,7 @@ fn hint_loop(shared: &Shared, store: &Store, batches: &Batches) {
         let mut state = shared.lock();
         // Batch j is hinted while batch j - 1 is gathered (batch 0 at once).
         while !state.stop && !state.done && state.started < j {
-            state = shared.wait(state);
+            state = shared.wait(&shared.started, state);
         }
         if state.stop || state.done {
             return;
