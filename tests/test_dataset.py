@@ -358,6 +358,40 @@ def test_a_slow_training_step_finds_its_batches_ready(store_path, monkeypatch):
     assert sorted(seen) == list(range(N))
 
 
+def passes(monkeypatch):
+    """Records every iteration's `_Pass` (its prefetcher and the buffers it holds)."""
+    made = []
+    start = fastload.dataset._Pass.__init__
+
+    def recording(self, *args):
+        start(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(fastload.dataset._Pass, "__init__", recording)
+    return made
+
+
+def test_a_dropped_batch_is_handed_back_at_once_and_a_kept_one_is_not(store_path, monkeypatch):
+    made = passes(monkeypatch)
+    it = iter(FastLoadDataset(store_path, 4, prefetch=2))
+    previous = next(it)
+    time.sleep(0.2)  # a training step: the next batches are ready when asked for
+    batch = next(it)
+    (current,) = made
+    held = len(current.held)
+    del previous  # as a `for` loop does when it takes the next batch
+    assert len(current.held) == held + 1
+    view = batch[0][1:]  # the user keeps part of the images
+    held = len(current.held)
+    del batch
+    assert len(current.held) == held
+    kept = view.clone()
+    for _ in range(5):
+        next(it)
+    assert torch.equal(view, kept)
+    it.close()
+
+
 class AlwaysWaited:
     """A prefetcher whose every batch reports that the consumer had to wait for it."""
 

@@ -5,6 +5,7 @@ workers; `to_device` moves a uint8 batch to the GPU and converts it only there."
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import weakref
 from typing import Any, Iterator, Optional, Sequence, Tuple, Union
@@ -134,8 +135,25 @@ class _Buffer:
     def _references(self) -> Tuple[int, int]:
         return (_use_count(self.images), _use_count(self.labels))
 
-    def unreferenced(self) -> bool:
-        return self.baseline[0] > 0 and self._references() == self.baseline
+    def unreferenced(self, dying_images: int = 0) -> bool:
+        """No tensor but ours uses the buffer, apart from `dying_images` images tensors whose
+        finalizer is running."""
+        images, labels = self._references()
+        return self.baseline[0] > 0 and (images - dying_images, labels) == self.baseline
+
+
+@functools.cache
+def _dying_view_count() -> int:
+    """How much a tensor whose weakref finalizer is running still adds to its storage's use
+    count: 1 in the torch versions tested (the Python object goes first, then the tensor),
+    measured here so that another torch that releases earlier is read right too."""
+    base = torch.empty(1)
+    view = base[:]
+    seen = []
+    weakref.finalize(view, lambda: seen.append(_use_count(base)))
+    alive = _use_count(base)
+    del view
+    return seen[0] - (alive - 1) if seen and alive > 0 else -1
 
 
 class _BufferPool:
@@ -212,8 +230,8 @@ class _BufferPool:
             self._free.append(buf)
 
     def _let_go(self, buf: _Buffer) -> None:
-        """The yielded images tensor is gone; if nothing else holds the buffer, it is free now."""
-        if buf.lent and not self._pin and buf.unreferenced():
+        """The yielded images tensor is going; if nothing else holds the buffer, it is free now."""
+        if buf.lent and not self._pin and buf.unreferenced(dying_images=_dying_view_count()):
             buf.lent = False
             self._lent.remove(buf)
             self.give_back(buf)
@@ -273,10 +291,13 @@ class _Pass:
         return True
 
     def next(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The next batch's images and labels, lent to the caller."""
-        self.pool.reclaim()
-        while self.short():
-            self.adopt(self.pool.take())
+        """The next batch's images and labels, lent to the caller. In a `for` loop the
+        finalizer has already handed the last batch's buffer back, so the pool is polled only
+        when the prefetcher is short of buffers: the step after a training step stays short."""
+        if self.short():
+            self.pool.reclaim()
+            while self.short():
+                self.adopt(self.pool.take())
         slot, n, waited = self.prefetcher.next()
         self.depth = 1 if waited else self.prefetch
         buf = self.held.pop(slot)
@@ -538,13 +559,14 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         prefetched = _Pass(store, batches, pool, self.prefetch)
         try:
             for idx in batches:
-                images, labels = prefetched.next()
+                # Yielded out of a list, so this suspended frame keeps no reference to the
+                # batch: once the caller drops it, its buffer goes straight back.
+                ready = [prefetched.next()]
                 if progress is not None:
                     progress[1] += 1
                 if self.return_indices:
-                    yield images, labels, torch.from_numpy(np.array(idx))
-                else:
-                    yield images, labels
+                    ready[0] += (torch.from_numpy(np.array(idx)),)
+                yield ready.pop()
             if progress is not None and self._progress is progress:
                 self._progress = None
         finally:
