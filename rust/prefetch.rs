@@ -142,6 +142,9 @@ pub struct Prefetcher {
     capacity: usize,
     total: usize,
     threads: Vec<JoinHandle<()>>,
+    /// The process that started the threads: a forked child has a copy of this object
+    /// but not the threads, and possibly a copy of a lock one of them held.
+    pid: u32,
 }
 
 impl Prefetcher {
@@ -179,6 +182,7 @@ impl Prefetcher {
             capacity,
             total,
             threads,
+            pid: std::process::id(),
         }
     }
 
@@ -300,6 +304,11 @@ impl Prefetcher {
 
 impl Drop for Prefetcher {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // In a forked child: nothing to stop, and the state must not be touched.
+            std::mem::forget(std::mem::take(&mut self.threads));
+            return;
+        }
         self.shared.lock().stop = true;
         self.shared.wake_all();
         for thread in self.threads.drain(..) {

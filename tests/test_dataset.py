@@ -618,3 +618,27 @@ def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
     pool = fastload.dataset._BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
     with pytest.raises(MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"):
         pool.take()
+
+
+def test_a_forked_child_can_drop_a_copy_of_a_running_iteration(store_path):
+    """A process forked while an epoch is under way (a DataLoader starting workers for another
+    dataset, say) inherits the iteration's objects but not its threads; dropping them there
+    must neither hang nor crash."""
+    it = iter(FastLoadDataset(store_path, 4, prefetch=2))
+    next(it)
+    pid = os.fork()
+    if pid == 0:  # the child: close the copied iteration and exit at once
+        try:
+            it.close()
+            gc.collect()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung dropping the copied iteration")
+    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
+    assert len(list(it)) == len(FastLoadDataset(store_path, 4)) - 1

@@ -30,6 +30,7 @@ pub struct CorePrefetcher {
     /// The arrays behind each slot, kept alive while the prefetcher may write them.
     buffers: Mutex<HashMap<usize, (Py<PyAny>, Py<PyAny>)>>,
     image_len: usize,
+    pid: u32,
 }
 
 fn closed() -> PyErr {
@@ -74,6 +75,7 @@ impl CorePrefetcher {
             inner: RwLock::new(Some(Prefetcher::start(store, batches))),
             buffers: Mutex::new(HashMap::new()),
             image_len,
+            pid: std::process::id(),
         })
     }
 
@@ -151,8 +153,12 @@ impl CorePrefetcher {
         }
     }
 
-    /// Stops and joins the threads, then lets go of every buffer; idempotent.
+    /// Stops and joins the threads, then lets go of every buffer; idempotent. In a forked
+    /// child, which has neither the threads nor a usable copy of their locks, it does nothing.
     fn close(&self, py: Python<'_>) {
+        if std::process::id() != self.pid {
+            return;
+        }
         let prefetcher = py.detach(|| self.inner.write().unwrap_or_else(|e| e.into_inner()).take());
         py.detach(|| drop(prefetcher));
         self.buffers
