@@ -159,9 +159,10 @@ def _dying_view_count() -> int:
 class _BufferPool:
     """Batch buffers, reused once no tensor built on them is alive anywhere (and, for pinned
     ones, once the GPU copy queued on them has finished), so a batch the user still holds is
-    never overwritten and steady state allocates nothing. A buffer comes back the moment the
-    batch's images tensor dies, as in a `for` loop that moves on to the next batch, or else
-    when a later batch is taken. In a DataLoader worker the batches travel to the main
+    never overwritten and steady state allocates nothing. An unpinned buffer comes back the
+    moment the batch's images tensor dies, as in a `for` loop that moves on to the next
+    batch; a pinned one (or one still referenced then) when the prefetcher next needs a
+    buffer, after the GPU copy queued on it has finished. In a DataLoader worker the batches travel to the main
     process through shared memory, where this process cannot see who holds them: there every
     batch gets a fresh shared-memory buffer."""
 
@@ -337,9 +338,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     before every epoch (workers tell epochs apart by the DataLoader's base seed).
 
     Distributed: rank and world size come from `torch.distributed` when it is initialized
-    (create the dataset after `init_process_group`). Ranks get disjoint shares and the same
-    number of batches; see `RankPlan` for padding (drop_last=False) and dropping
-    (drop_last=True). DataLoader workers split the rank's batches round-robin.
+    (create the dataset after `init_process_group`). Ranks get disjoint shares (apart from
+    padding records) and the same number of batches; see `RankPlan` for padding
+    (drop_last=False) and dropping (drop_last=True). DataLoader workers split the rank's
+    batches round-robin.
 
     Resume: `state_dict()` is (seed, epoch, position = batches already yielded this epoch in
     this rank); `load_state_dict` makes the next iteration continue with exactly the batches

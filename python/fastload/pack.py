@@ -1,7 +1,8 @@
 """Packing a folder of images into a store: `fastload.pack(src, dest)` and `fastload pack SRC DEST`.
 
-Python lists the files, reads the labels and writes the store; Rust threads decode and
-resize each chunk of files straight into a reusable record buffer, without the GIL.
+Python lists the files and reads the labels; Rust threads decode and resize each chunk of
+files straight into one of two reused record buffers, without the GIL, while a writer
+thread appends the previous chunk to the store from the other.
 Decoding choices (format sniffed from the bytes, EXIF orientation applied, alpha on
 white, Lanczos3 antialiased resampling like Pillow's `Image.LANCZOS`, a 100-megapixel /
 1 GiB limit against decompression bombs) are documented in `rust/pack.rs`.

@@ -216,8 +216,9 @@ class Store:
 
 
 class StoreWriter:
-    """Writes a store atomically: into a temporary file beside `path`, fsynced and
-    renamed into place by `commit()`. As a context manager it commits on success and
+    """Writes a store atomically: into a temporary file beside `path`, fsynced and put in
+    place by `commit()` (hard-linked, so an existing file is never replaced, or renamed over
+    it with overwrite=True; docs/FORMAT.md). As a context manager it commits on success and
     discards on an exception, so an interrupted write leaves nothing at `path`."""
 
     def __init__(
