@@ -34,7 +34,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     elif labels:
         print(f"labels     min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}")
     size, resident = summary["file_bytes"], summary["resident_bytes"]
-    print(f"on disk    {_gb(size)}; in page cache now {_gb(resident)} ({100 * resident / max(size, 1):.0f}%)")
+    print(
+        f"on disk    {_gb(size)}; in page cache now {_gb(resident)} ({100 * resident / max(size, 1):.0f}%), "
+        "shared by every process that maps it (counted in their RSS, owned by none)"
+    )
     print(
         f"as tensors uint8 {_gb(mem['uint8_bytes'])} vs cached float32 {_gb(mem['float32_bytes'])}; "
         f"this machine's {_gb(mem['ram_bytes'])} RAM holds {mem['fit_in_ram_uint8']:,} images as uint8, "
