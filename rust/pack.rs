@@ -17,10 +17,12 @@
 //!   [`MAX_DECODE_ALLOC`] bytes, are refused (decompression bombs), and so are files
 //!   larger than [`MAX_DECODE_ALLOC`] (they are read whole before decoding).
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::{Cursor, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::Once;
 
 use fast_image_resize::images::{CroppedImageMut, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
@@ -147,9 +149,33 @@ impl Decoder {
     }
 }
 
+thread_local! {
+    /// Set while this thread runs a decode under `guarded`, whose panics are reported as
+    /// the file's failure and need no message on stderr.
+    static GUARDED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Puts a panic hook in front of the process's own (once): it stays silent for panics
+/// inside `guarded` and passes every other panic on unchanged.
+fn silence_guarded_panics() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !GUARDED.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+}
+
 /// Runs `f`, turning a panic (a decoder bug on hostile input) into a failed outcome.
 fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+    silence_guarded_panics();
+    GUARDED.with(|g| g.set(true));
+    let outcome = catch_unwind(AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(false));
+    outcome.unwrap_or_else(|payload| {
         let message = payload
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
