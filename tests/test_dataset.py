@@ -380,11 +380,11 @@ def test_a_dropped_batch_is_handed_back_at_once_and_a_kept_one_is_not(store_path
     (current,) = made
     held = len(current.held)
     del previous  # as a `for` loop does when it takes the next batch
-    assert len(current.held) == held + 1
+    assert len(current.held) == held + 1 == current.prefetcher.in_flight
     view = batch[0][1:]  # the user keeps part of the images
     held = len(current.held)
     del batch
-    assert len(current.held) == held
+    assert len(current.held) == held == current.prefetcher.in_flight
     kept = view.clone()
     for _ in range(5):
         next(it)

@@ -131,6 +131,12 @@ impl CorePrefetcher {
         Ok(())
     }
 
+    /// Slots the prefetcher holds: free, being filled, or filled and not yet returned.
+    #[getter]
+    fn in_flight(&self) -> PyResult<usize> {
+        self.with(|prefetcher| Ok(prefetcher.in_flight()))
+    }
+
     /// Batches not yet returned.
     #[getter]
     fn remaining(&self) -> PyResult<usize> {
