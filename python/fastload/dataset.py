@@ -294,8 +294,8 @@ class _Pass:
     def next(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """The next batch's images and labels, lent to the caller. In a `for` loop the
         finalizer has already handed the last batch's buffer back, so the pool is polled only
-        when the prefetcher is short of buffers, and a batch that is ready costs a few
-        microseconds to take."""
+        when the prefetcher is short of buffers and taking a ready batch costs little more
+        than the Rust call."""
         if self.short():
             self.pool.reclaim()
             while self.short():
