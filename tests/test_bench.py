@@ -4,6 +4,7 @@ Speeds are never asserted here; benches/RESULTS.md records them."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def test_json_describes_the_machine_and_the_store(quick_run, tiny_store):
     assert "the narrowest stage is" in results["verdict"]
     if not torch.cuda.is_available():
         assert "the host-to-device link was not measured" in results["verdict"]
+    assert all(t["paired_ratio"] > 0 for t in results["targets"])
     assert {t["target"] for t in results["targets"]} == {
         "fastload >= 85% of memcpy",
         "fastload >= 4x the np.memmap DataLoader recipe",
@@ -248,3 +250,19 @@ def test_verdict_blames_the_disk_when_the_store_does_not_fit_in_ram():
     assert text.endswith("the narrowest stage is the disk (the store does not fit in RAM), at 1,200 img/s.")
     fits = bench.verdict(rows, {"ram_bytes": 10**12, "uint8_bytes": 10**10})
     assert "the disk bounds only the first epoch" in fits and fits.endswith("the loader, at 14,000 img/s.")
+
+
+def test_targets_give_the_median_of_per_round_ratios_beside_the_ratio_of_medians():
+    def timed(method, seconds, stage):
+        return {**_row(method, 100 / statistics.median(seconds), stage), "seconds": seconds, "images_per_run": 100}
+
+    rows = [
+        timed("FastLoadDataset, warm, random", [1.0, 1.0, 4.0], "dataset"),  # 100, 100, 25 img/s
+        timed("np.memmap fancy indexing, warm, random", [2.0, 1.0, 2.0], "memmap"),  # 50, 100, 50 img/s
+    ]
+    (target,) = bench._targets(rows)
+    assert target["ratio"] == pytest.approx(2.0)  # 100 / 50: the medians come from different rounds
+    assert target["paired_ratio"] == pytest.approx(1.0)  # rounds: 2, 1, 0.5
+    assert target["met"]  # the ratio of the medians decides
+    rows[1].pop("seconds")
+    assert bench._targets(rows)[0]["paired_ratio"] is None
