@@ -267,7 +267,50 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(store_path, worke
     rest = epoch(restarted, workers if workers else None)
     assert seen + rest == full
     if not workers:
-        assert restarted.state_dict() == {"seed": 5, "epoch": 3, "position": 0}
+        # An epoch run to its end reads as all of its batches seen, until the next one starts.
+        assert restarted.state_dict() == {"seed": 5, "epoch": 2, "position": len(ds)}
+        epoch_3 = FastLoadDataset(store_path, 4, seed=5, return_indices=True)
+        epoch_3.set_epoch(3)
+        assert epoch(restarted) == epoch(epoch_3)  # and the next iteration moves on
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 on newer torch
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")  # more than the cores here
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (3, True)])
+@pytest.mark.parametrize("stop", ["start", 5, "after the last batch", "after the epoch"])
+def test_stateful_dataloader_resumes_exactly(store_path, workers, persistent, stop):
+    """torchdata's StatefulDataLoader saves and restores the dataset by itself (each worker's
+    own progress, with workers): a job stopped anywhere and restarted sees exactly the batches
+    of the uninterrupted job, epoch after epoch."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        ds = FastLoadDataset(store_path, 4, seed=7, return_indices=True)
+        return stateful.StatefulDataLoader(
+            ds, batch_size=None, num_workers=workers, persistent_workers=persistent
+        )
+
+    def record_numbers(batches):
+        return [batch[2].tolist() for batch in batches]
+
+    reference = FastLoadDataset(store_path, 4, seed=7, return_indices=True)
+    uninterrupted = [epoch(reference) for _ in range(4)]
+    interrupted = loader()
+    batches = iter(interrupted)
+    if stop == "after the epoch":
+        seen = record_numbers(batches)
+    else:
+        count = {"start": 0, "after the last batch": len(reference)}.get(stop, stop)
+        seen = [next(batches)[2].tolist() for _ in range(count)]
+    state = interrupted.state_dict()
+    del batches, interrupted
+    restarted = loader()
+    restarted.load_state_dict(state)
+    # The first iteration finishes the interrupted epoch (or, if it had ended, is the next).
+    after = [record_numbers(restarted) for _ in range(3)]
+    epochs = 3 + (stop == "after the epoch")
+    assert seen + sum(after, []) == sum(uninterrupted[:epochs], [])
+
 
 
 def test_state_dict_rejects_bad_states(store_path):

@@ -344,12 +344,15 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     (drop_last=False) and dropping (drop_last=True). DataLoader workers split the rank's
     batches round-robin.
 
-    Resume: `state_dict()` is (seed, epoch, position = batches already yielded this epoch in
-    this rank); `load_state_dict` makes the next iteration continue with exactly the batches
-    not yet seen. The count is exact at num_workers=0. With workers, batches are made in
-    other processes and this object cannot count what the loop consumed: pass your own
-    `{"seed": ds.seed, "epoch": epoch, "position": batches_consumed}` to `load_state_dict`,
-    which resumes exactly with workers too, since the split among workers is deterministic.
+    Resume: `state_dict()` is (seed, epoch, position = batches of that epoch already yielded
+    in this rank; an epoch run to its end reads position `len(ds)` until the next iteration
+    starts); `load_state_dict` makes the next iteration continue with exactly the batches not
+    yet seen. torchdata's `StatefulDataLoader` does this by itself, with or without workers:
+    inside a worker, the state is that worker's own progress through its share. A plain
+    DataLoader with workers makes batches in other processes, so this object cannot count
+    what the loop consumed: pass your own `{"seed": ds.seed, "epoch": epoch, "position":
+    batches_consumed}` to `load_state_dict`, which resumes exactly with workers too, since
+    the split among workers is deterministic.
 
     Buffers: batches land in pinned memory when CUDA is available (or pin_memory=True), so
     `.to("cuda", non_blocking=True)` is asynchronous, and buffers are reused only after every
@@ -426,7 +429,11 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         # DataLoader workers, persistent ones included, and workers can advance the epoch.
         self._control = torch.tensor([0, -1, 0, 0, 0], dtype=torch.int64).share_memory_()
         self._iterations = 0  # iterations started by this copy (worker generations)
-        self._progress: Optional[list] = None  # [epoch, position] of the running iteration
+        # [epoch, position] of this copy's latest iteration; in a worker, position is where
+        # the worker's share continues (its next batch is position + worker id).
+        self._progress: Optional[list] = None
+        # A state loaded inside a DataLoader worker: that worker's alone, for its next iteration.
+        self._worker_resume: Optional[Tuple[int, int]] = None
 
     @staticmethod
     def _distributed(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -485,11 +492,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
 
     def state_dict(self) -> dict:
         """{"seed", "epoch", "position"}: where the next iteration would start to continue this
-        rank's batches; exact at num_workers=0 (see the class docstring for workers)."""
-        if self._progress is not None and self._progress[1] < len(self):
-            epoch, position = self._progress
-        elif self._progress is not None:
-            epoch, position = self._progress[0] + 1, 0
+        rank's batches; exact at num_workers=0 and, per worker, inside DataLoader workers (see
+        the class docstring)."""
+        if self._progress is not None:
+            epoch, position = self._progress[0], min(self._progress[1], len(self))
         else:
             ctl = self._control.numpy()
             epoch = int(ctl[_NEXT_EPOCH])
@@ -505,7 +511,13 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         if position > len(self):
             raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")
         self.seed = _positive_int(state["seed"], "seed", minimum=0)
-        self.set_epoch(state["epoch"])
+        epoch = _positive_int(state["epoch"], "epoch", minimum=0)
+        if torch.utils.data.get_worker_info() is not None:
+            # A worker restoring its own progress (StatefulDataLoader): the other workers
+            # share the control block and restore theirs, so it stays out of it.
+            self._worker_resume, self._progress = (epoch, position), None
+            return
+        self.set_epoch(epoch)
         ctl = self._control.numpy()
         ctl[_RESUME_POSITION] = position
         ctl[_RESUME_EPOCH] = ctl[_NEXT_EPOCH]
@@ -522,6 +534,11 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         torch's random generator; if it is re-seeded identically before every epoch, two
         generations look alike, which `set_epoch` (clearing the key) avoids."""
         ctl = self._control.numpy()
+        if worker is not None and self._worker_resume is not None:
+            (epoch, start), self._worker_resume = self._worker_resume, None
+            self._iterations += 1
+            ctl[_NEXT_EPOCH] = epoch + 1  # every resumed worker writes the same value
+            return epoch, start
         if worker is None:
             epoch = int(ctl[_NEXT_EPOCH])
             ctl[_NEXT_EPOCH] = epoch + 1
@@ -551,13 +568,11 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
         batches = [self._plan.batch(order, k) for k in range(start + worker_id, len(self._plan), num_workers)]
         pool = self._buffers(store, worker is not None)
-        progress = None
-        if worker is None:
-            progress = self._progress = [epoch, start]
-        return self._batches(store, batches, pool, progress)
+        self._progress = [epoch, start]
+        return self._batches(store, batches, pool, self._progress, num_workers)
 
     def _batches(
-        self, store: Store, batches: list, pool: _BufferPool, progress: Optional[list]
+        self, store: Store, batches: list, pool: _BufferPool, progress: list, step: int
     ) -> Iterator[tuple]:
         prefetched = _Pass(store, batches, pool, self.prefetch)
         try:
@@ -565,13 +580,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 # Yielded out of a list, so this suspended frame keeps no reference to the
                 # batch: once the caller drops it, its buffer goes straight back.
                 ready = [prefetched.next()]
-                if progress is not None:
-                    progress[1] += 1
+                progress[1] += step
                 if self.return_indices:
                     ready[0] += (torch.from_numpy(np.array(idx)),)
                 yield ready.pop()
-            if progress is not None and self._progress is progress:
-                self._progress = None
         finally:
             prefetched.close()
 
