@@ -3,6 +3,7 @@ resume, buffer safety, prefetch thread lifetime, memory sharing; to_device; spli
 
 import collections
 import copy
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -467,6 +468,86 @@ def test_a_loader_bound_loop_rotates_few_buffers(store_path, monkeypatch):
         # the first batches use the buffers lent when the pass started, `prefetch` of them
         assert len(set(buffers[4:])) <= 3
     assert set(depths) == {1}
+
+
+class SimulatedStream:
+    """One CUDA stream, simulated on the CPU: `copy` queues a host-to-device copy of a batch,
+    an Event recorded on the stream completes once everything queued before it ran, and the
+    "GPU" runs queued copies only when told (`run`) or when an event is synchronized. Running
+    a copy reads the host memory then, as the DMA engine would, and checks that it still holds
+    what it held when the copy was queued."""
+
+    def __init__(self):
+        self.queue, self.copied, self.overwritten = [], 0, []
+
+    def copy(self, images, expected):
+        self.queue.append(("copy", images.data_ptr(), images.nbytes, expected.tobytes()))
+
+    def run(self, through=None):
+        while self.queue and (through is None or self.queue[0] is not through):
+            kind, *item = self.queue.pop(0)
+            if kind == "copy":
+                address, nbytes, expected = item
+                if ctypes.string_at(address, nbytes) != expected:
+                    self.overwritten.append(self.copied)
+                self.copied += 1
+            else:
+                item[0].done = True
+        if self.queue:
+            self.queue.pop(0)[1].done = True
+
+    def event_class(self):
+        stream = self
+
+        class Event:
+            def __init__(self):
+                self.done = False
+
+            def record(self):
+                stream.queue.append(("event", self))
+
+            def query(self):
+                return self.done
+
+            def synchronize(self):
+                if not self.done:
+                    stream.run(through=next(item for item in stream.queue if item[-1] is self))
+
+        return Event
+
+
+@pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
+def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
+    """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
+    (`.to("cuda", non_blocking=True)`) and drops the batch at once: a buffer is refilled
+    only after the copies queued on it have run, however far the GPU lags (simulated here:
+    no GPU in CI), and buffers are still reused rather than allocated anew."""
+    stream = SimulatedStream()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", stream.event_class())
+    empty = torch.empty
+    pinned = []
+    def allocate(*args, **kwargs):
+        if "pin_memory" in kwargs:
+            pinned.append(kwargs.pop("pin_memory"))
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", allocate)
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4, prefetch=2, return_indices=True)
+    assert ds.pin_memory
+    for _ in range(2):
+        for step, (images, labels, idx) in enumerate(ds):
+            stream.copy(images, store.gather(idx.numpy())[0])
+            del images, labels
+            if gpu_catches_up_every and step % gpu_catches_up_every == 0:
+                stream.run()
+    stream.run()
+    assert stream.copied == 2 * len(ds) and stream.overwritten == []
+    assert pinned and all(pinned)
+    buffers = len(pinned) // 2  # each buffer is an images and a labels tensor
+    assert buffers <= 2 + 1 + 1  # `prefetch` ahead, the user's batch, one whose copy is queued
 
 
 def test_ctrl_c_interrupts_a_wait_for_a_batch(store_path):
