@@ -667,11 +667,32 @@ def test_to_device_layout_dtype_and_normalization(dtype):
     torch.testing.assert_close(plain, images.permute(0, 3, 1, 2).float() / 255)
 
 
+def test_to_device_makes_its_normalization_tensors_once_per_setting():
+    """Each batch reuses the scale and shift already on the device (a new small tensor per
+    batch would be a synchronous copy behind the batch's asynchronous one); alternating
+    settings each get their own."""
+    images = torch.randint(0, 256, (2, 3, 3, 3), dtype=torch.uint8)
+    settings = [((0.5, 0.4, 0.3), (0.2, 0.25, 0.5)), (0.5, 0.25), ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))]
+    fastload.dataset._normalization.cache_clear()
+    for _ in range(3):
+        for mean, std in settings:
+            x = to_device(images, "cpu", mean=mean, std=std)
+            m = torch.tensor(mean, dtype=torch.float64).reshape(1, -1, 1, 1)
+            sd = torch.tensor(std, dtype=torch.float64).reshape(1, -1, 1, 1)
+            expected = (images.permute(0, 3, 1, 2).double() / 255 - m) / sd
+            torch.testing.assert_close(x.double(), expected, atol=1e-5, rtol=1e-5)
+    assert fastload.dataset._normalization.cache_info().misses == len(settings)
+
+
 def test_to_device_rejects_bad_input():
     with pytest.raises(TypeError, match="uint8"):
         to_device(torch.zeros(1, 2, 2, 3), "cpu")
     with pytest.raises(ValueError, match="mean must have 1 or 3 values"):
         to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", mean=[0.1, 0.2])
+    with pytest.raises(ValueError, match="std must not be zero"):
+        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", std=[0.1, 0.0, 0.2])
+    with pytest.raises(TypeError, match="floating-point"):
+        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", dtype=torch.int32)
 
 
 def _rss_anon():

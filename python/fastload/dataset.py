@@ -612,15 +612,25 @@ def to_device(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch dtype such as torch.float32, not {dtype!r}")
     channels = images.shape[3]
-    x = images.to(device, non_blocking=images.is_pinned()).permute(0, 3, 1, 2).to(dtype)
-    mean_t = torch.zeros(channels) if mean is None else torch.as_tensor(mean, dtype=torch.float64).flatten()
-    std_t = torch.ones(channels) if std is None else torch.as_tensor(std, dtype=torch.float64).flatten()
-    for name, value in (("mean", mean_t), ("std", std_t)):
-        if value.numel() not in (1, channels):
-            raise ValueError(f"{name} must have 1 or {channels} values, not {value.numel()}")
-    if torch.any(std_t == 0):
+    mean_v = (0.0,) if mean is None else tuple(torch.as_tensor(mean, dtype=torch.float64).flatten().tolist())
+    std_v = (1.0,) if std is None else tuple(torch.as_tensor(std, dtype=torch.float64).flatten().tolist())
+    for name, value in (("mean", mean_v), ("std", std_v)):
+        if len(value) not in (1, channels):
+            raise ValueError(f"{name} must have 1 or {channels} values, not {len(value)}")
+    if 0.0 in std_v:
         raise ValueError("std must not be zero")
-    scale = (1.0 / (255.0 * std_t)).to(device=x.device, dtype=dtype).view(1, -1, 1, 1)
-    shift = (mean_t / std_t).to(device=x.device, dtype=dtype).view(1, -1, 1, 1)
+    x = images.to(device, non_blocking=images.is_pinned()).permute(0, 3, 1, 2).to(dtype)
+    scale, shift = _normalization(x.device, dtype, mean_v, std_v)
     x.mul_(scale).sub_(shift)
     return x if channels_last else x.contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _normalization(device: torch.device, dtype: torch.dtype, mean: tuple, std: tuple) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel scale and shift on `device`, made once per (device, dtype, mean, std): a
+    fresh small tensor per batch would be a synchronous host-to-device copy, queued behind the
+    batch's asynchronous one, so the host would wait for every batch to arrive."""
+    mean_t, std_t = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+    scale = (1.0 / (255.0 * std_t)).to(device=device, dtype=dtype).view(1, -1, 1, 1)
+    shift = (mean_t / std_t).to(device=device, dtype=dtype).view(1, -1, 1, 1)
+    return scale, shift
