@@ -268,11 +268,27 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(store_path, worke
     rest = epoch(restarted, workers if workers else None)
     assert seen + rest == full
     if not workers:
-        # An epoch run to its end reads as all of its batches seen, until the next one starts.
-        assert restarted.state_dict() == {"seed": 5, "epoch": 2, "position": len(ds)}
-        epoch_3 = FastLoadDataset(store_path, 4, seed=5, return_indices=True)
-        epoch_3.set_epoch(3)
-        assert epoch(restarted) == epoch(epoch_3)  # and the next iteration moves on
+        assert restarted.state_dict() == {"seed": 5, "epoch": 3, "position": 0}
+
+
+def test_a_state_saved_at_an_epoch_end_resumes_with_the_next_epoch(store_path):
+    """Saved after the loop over an epoch: the restarted job's next loop is the next epoch.
+    Saved in the loop, after the last batch: the restarted loop finishes that epoch (no
+    batch left), and the loop after it is the next epoch. Neither repeats nor skips one."""
+    uninterrupted = FastLoadDataset(store_path, 4, seed=7, return_indices=True)
+    epochs = [epoch(uninterrupted) for _ in range(3)]
+    ds = FastLoadDataset(store_path, 4, seed=7, return_indices=True)
+    assert epoch(ds) == epochs[0]
+    after_the_loop = ds.state_dict()
+    assert after_the_loop == {"seed": 7, "epoch": 1, "position": 0}
+    for k, _ in enumerate(ds):
+        if k == len(ds) - 1:
+            in_the_loop = ds.state_dict()
+    assert in_the_loop == {"seed": 7, "epoch": 1, "position": len(ds)}
+    for state, expected in ((after_the_loop, epochs[1:3]), (in_the_loop, [[], epochs[2]])):
+        restarted = FastLoadDataset(store_path, 4, seed=0, return_indices=True)
+        restarted.load_state_dict(state)
+        assert [epoch(restarted), epoch(restarted)] == expected
 
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 on newer torch

@@ -345,9 +345,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     batches round-robin.
 
     Resume: `state_dict()` is (seed, epoch, position = batches of that epoch already yielded
-    in this rank; an epoch run to its end reads position `len(ds)` until the next iteration
-    starts); `load_state_dict` makes the next iteration continue with exactly the batches not
-    yet seen. torchdata's `StatefulDataLoader` does this by itself, with or without workers:
+    in this rank: `len(ds)` after its last batch, and (next epoch, 0) once the loop over it
+    has ended); `load_state_dict` makes the next iteration continue with exactly the batches
+    not yet seen. torchdata's `StatefulDataLoader` does this by itself, with or without workers:
     inside a worker, the state is that worker's own progress through its share. A plain
     DataLoader with workers makes batches in other processes, so this object cannot count
     what the loop consumed: pass your own `{"seed": ds.seed, "epoch": epoch, "position":
@@ -559,9 +559,20 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[tuple]:
         worker = torch.utils.data.get_worker_info()
-        epoch, start = self._claim_epoch(worker)
         store = self._open()
         store.check_unchanged()
+        if worker is None:
+            return self._claimed_on_first_batch(store)
+        return self._iteration(store, worker)
+
+    def _claimed_on_first_batch(self, store: Store) -> Iterator[tuple]:
+        """The main process claims its epoch when the first batch is asked for, not at
+        `iter()`: torchdata's StatefulDataLoader, restoring a state saved after an epoch
+        ended, makes an iterator it never uses before the one it does."""
+        yield from self._iteration(store, None)
+
+    def _iteration(self, store: Store, worker: Optional[Any]) -> Iterator[tuple]:
+        epoch, start = self._claim_epoch(worker)
         order = self._plan.pad(
             epoch_order(self.indices, self.order, self.seed, epoch, self.block_size, self.window)
         )
@@ -569,11 +580,14 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         batches = [self._plan.batch(order, k) for k in range(start + worker_id, len(self._plan), num_workers)]
         pool = self._buffers(store, worker is not None)
         self._progress = [epoch, start]
-        return self._batches(store, batches, pool, self._progress, num_workers)
+        return self._batches(store, batches, pool, self._progress, num_workers, worker is None)
 
     def _batches(
-        self, store: Store, batches: list, pool: _BufferPool, progress: list, step: int
+        self, store: Store, batches: list, pool: _BufferPool, progress: list, step: int, main: bool
     ) -> Iterator[tuple]:
+        """Yields the batches, counting them in `progress`. In the main process an iteration
+        that ran to its end hands the state back to the control block (next epoch, position
+        0); a worker keeps reporting its finished share (its restored iteration is empty)."""
         prefetched = _Pass(store, batches, pool, self.prefetch)
         try:
             for idx in batches:
@@ -584,6 +598,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 if self.return_indices:
                     ready[0] += (torch.from_numpy(np.array(idx)),)
                 yield ready.pop()
+            if main and self._progress is progress:
+                self._progress = None
         finally:
             prefetched.close()
 
