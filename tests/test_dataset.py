@@ -317,15 +317,12 @@ def test_stateful_dataloader_resumes_exactly(store_path, workers, persistent, st
             ds, batch_size=None, num_workers=workers, persistent_workers=persistent
         )
 
-    def record_numbers(batches):
-        return [batch[2].tolist() for batch in batches]
-
     reference = FastLoadDataset(store_path, 4, seed=7, return_indices=True)
     uninterrupted = [epoch(reference) for _ in range(4)]
     interrupted = loader()
     batches = iter(interrupted)
     if stop == "after the epoch":
-        seen = record_numbers(batches)
+        seen = epoch(batches)
     else:
         count = {"start": 0, "after the last batch": len(reference)}.get(stop, stop)
         seen = [next(batches)[2].tolist() for _ in range(count)]
@@ -334,10 +331,9 @@ def test_stateful_dataloader_resumes_exactly(store_path, workers, persistent, st
     restarted = loader()
     restarted.load_state_dict(state)
     # The first iteration finishes the interrupted epoch (or, if it had ended, is the next).
-    after = [record_numbers(restarted) for _ in range(3)]
+    after = [epoch(restarted) for _ in range(3)]
     epochs = 3 + (stop == "after the epoch")
     assert seen + sum(after, []) == sum(uninterrupted[:epochs], [])
-
 
 
 def test_state_dict_rejects_bad_states(store_path):
@@ -507,20 +503,21 @@ class SimulatedStream:
         self.queue, self.copied, self.overwritten = [], 0, []
 
     def copy(self, images, expected):
-        self.queue.append(("copy", images.data_ptr(), images.nbytes, expected.tobytes()))
+        self.queue.append(("copy", (images.data_ptr(), images.nbytes, expected.tobytes())))
 
-    def run(self, through=None):
-        while self.queue and (through is None or self.queue[0] is not through):
-            kind, *item = self.queue.pop(0)
-            if kind == "copy":
-                address, nbytes, expected = item
-                if ctypes.string_at(address, nbytes) != expected:
-                    self.overwritten.append(self.copied)
-                self.copied += 1
-            else:
-                item[0].done = True
-        if self.queue:
-            self.queue.pop(0)[1].done = True
+    def run(self, until=None):
+        """Runs the queued work in order: all of it, or up to and including event `until`."""
+        while self.queue:
+            kind, item = self.queue.pop(0)
+            if kind == "event":
+                item.done = True
+                if item is until:
+                    return
+                continue
+            address, nbytes, expected = item
+            if ctypes.string_at(address, nbytes) != expected:
+                self.overwritten.append(self.copied)
+            self.copied += 1
 
     def event_class(self):
         stream = self
@@ -537,7 +534,7 @@ class SimulatedStream:
 
             def synchronize(self):
                 if not self.done:
-                    stream.run(through=next(item for item in stream.queue if item[-1] is self))
+                    stream.run(until=self)
 
         return Event
 
@@ -554,6 +551,7 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
     monkeypatch.setattr(torch.cuda, "Event", stream.event_class())
     empty = torch.empty
     pinned = []
+
     def allocate(*args, **kwargs):
         if "pin_memory" in kwargs:
             pinned.append(kwargs.pop("pin_memory"))

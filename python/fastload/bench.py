@@ -984,7 +984,7 @@ def run(
         }
     )
     results["verdict"] = verdict(results["rows"], memory)
-    results["targets"] = _targets(results["rows"], ctx.sample * ctx.image_nbytes)
+    results["targets"] = _targets(results["rows"], ctx.sample_bytes)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     if plot_path is not None:
