@@ -264,10 +264,10 @@ def test_targets_give_the_median_of_per_round_ratios_beside_the_ratio_of_medians
         timed("FastLoadDataset, warm, random", [1.0, 1.0, 4.0], "dataset"),  # 100, 100, 25 img/s
         timed("np.memmap fancy indexing, warm, random", [2.0, 1.0, 2.0], "memmap"),  # 50, 100, 50 img/s
     ]
-    (target,) = bench._targets(rows, bench.TARGET_MIN_BYTES)
+    (target,) = bench.targets(rows, bench.TARGET_MIN_BYTES)
     assert target["ratio"] == pytest.approx(2.0)  # 100 / 50: the medians come from different rounds
     assert target["paired_ratio"] == pytest.approx(1.0)  # rounds: 2, 1, 0.5
     assert target["met"] and target["judged"]  # the ratio of the medians decides
-    assert not bench._targets(rows, bench.TARGET_MIN_BYTES - 1)[0]["judged"]
+    assert not bench.targets(rows, bench.TARGET_MIN_BYTES - 1)[0]["judged"]
     rows[1].pop("seconds")
-    assert bench._targets(rows, bench.TARGET_MIN_BYTES)[0]["paired_ratio"] is None
+    assert bench.targets(rows, bench.TARGET_MIN_BYTES)[0]["paired_ratio"] is None

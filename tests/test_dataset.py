@@ -17,9 +17,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import fastload.dataset
-from fastload import FastLoadDataset, Store, StoreError, StoreWriter, _core, split_indices, to_device
+import fastload.device
+from fastload import FastLoadDataset, Store, StoreError, StoreWriter, split_indices, to_device
 from fastload.dataset import RankPlan, epoch_order
+from fastload.dataset.buffers import BufferPool
+from fastload.dataset.prefetch import Pass
 
 N = 53  # does not divide by the batch sizes or world sizes used here
 
@@ -233,9 +235,9 @@ def test_held_batches_are_never_overwritten(store_path):
 
 def test_buffers_are_reused_across_epochs_and_early_breaks(store_path, monkeypatch):
     allocations = []
-    allocate = fastload.dataset._BufferPool._allocate
+    allocate = BufferPool._allocate
     monkeypatch.setattr(
-        fastload.dataset._BufferPool, "_allocate", lambda pool: allocations.append(1) or allocate(pool)
+        BufferPool, "_allocate", lambda pool: allocations.append(1) or allocate(pool)
     )
     ds = FastLoadDataset(store_path, 4, prefetch=2)
     for _ in range(3):
@@ -361,10 +363,10 @@ def test_prefetcher_checks_its_arguments_and_slots(store_path):
     store = Store(store_path)
     image_bytes, label_bytes = np.empty(4 * store.image_nbytes, np.uint8), np.empty(4 * 8, np.uint8)
     with pytest.raises(ValueError, match="do not add up"):
-        _core.Prefetcher(store._core, np.arange(5), [4])
+        store.prefetcher(np.arange(5), [4])
     with pytest.raises(IndexError, match="out of range"):
-        _core.Prefetcher(store._core, np.array([0, N]), [2])
-    prefetcher = _core.Prefetcher(store._core, np.arange(8), [4, 4])
+        store.prefetcher(np.array([0, N]), [2])
+    prefetcher = store.prefetcher(np.arange(8), [4, 4])
     with pytest.raises(ValueError, match="too small"):
         prefetcher.add_slot(image_bytes[: 3 * store.image_nbytes], label_bytes[:24])
     with pytest.raises(ValueError, match="capacity"):
@@ -372,7 +374,7 @@ def test_prefetcher_checks_its_arguments_and_slots(store_path):
     with pytest.raises(ValueError, match="not a batch buffer the caller holds"):
         prefetcher.release(0)
     slot = prefetcher.add_slot(image_bytes, label_bytes)
-    assert prefetcher.next() == (slot, 4, True)
+    assert prefetcher.next()[:3] == (slot, 0, 4)  # waited or not: the thread may finish first
     expected, _ = store.gather(np.arange(4))
     assert np.array_equal(image_bytes.reshape(expected.shape), expected)
     with pytest.raises(ValueError, match="not a batch buffer the caller holds"):
@@ -386,11 +388,11 @@ def test_prefetcher_checks_its_arguments_and_slots(store_path):
 def test_prefetcher_takes_a_buffer_back_from_another_thread_while_waiting(store_path):
     store = Store(store_path)
     image_bytes, label_bytes = np.empty(4 * store.image_nbytes, np.uint8), np.empty(4 * 8, np.uint8)
-    prefetcher = _core.Prefetcher(store._core, np.arange(8), [4, 4])
+    prefetcher = store.prefetcher(np.arange(8), [4, 4])
     slot = prefetcher.add_slot(image_bytes, label_bytes)
-    assert prefetcher.next()[:2] == (slot, 4)
+    assert prefetcher.next()[:3] == (slot, 0, 4)
     threading.Timer(0.2, prefetcher.release, (slot,)).start()
-    assert prefetcher.next() == (slot, 4, True)  # waited for the buffer, then got batch 2
+    assert prefetcher.next() == (slot, 1, 4, True)  # waited for the buffer, then got batch 2
     expected, _ = store.gather(np.arange(4, 8))
     assert np.array_equal(image_bytes.reshape(expected.shape), expected)
     assert prefetcher.next() is None and prefetcher.remaining == 0
@@ -400,14 +402,14 @@ def test_prefetcher_takes_a_buffer_back_from_another_thread_while_waiting(store_
 def prefetch_depths(monkeypatch):
     """Records, for every batch taken, how many buffers the prefetcher then keeps ahead."""
     depths = []
-    take = fastload.dataset._Pass.next
+    take = Pass.next
 
     def recording(self):
         batch = take(self)
         depths.append(self.depth)
         return batch
 
-    monkeypatch.setattr(fastload.dataset._Pass, "next", recording)
+    monkeypatch.setattr(Pass, "next", recording)
     return depths
 
 
@@ -427,13 +429,13 @@ def test_a_slow_training_step_finds_its_batches_ready(store_path, monkeypatch):
 def passes(monkeypatch):
     """Records every iteration's `_Pass` (its prefetcher and the buffers it holds)."""
     made = []
-    start = fastload.dataset._Pass.__init__
+    start = Pass.__init__
 
     def recording(self, *args):
         start(self, *args)
         made.append(self)
 
-    monkeypatch.setattr(fastload.dataset._Pass, "__init__", recording)
+    monkeypatch.setattr(Pass, "__init__", recording)
     return made
 
 
@@ -461,24 +463,23 @@ def test_a_dropped_batch_is_handed_back_at_once_and_a_kept_one_is_not(store_path
 class AlwaysWaited:
     """A prefetcher whose every batch reports that the consumer had to wait for it."""
 
-    real = _core.Prefetcher
-
-    def __init__(self, *args):
-        self._real = self.real(*args)
+    def __init__(self, real):
+        self._real = real
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
     def next(self):
-        slot, n, _ = self._real.next()
-        return slot, n, True
+        slot, batch, n, _ = self._real.next()
+        return slot, batch, n, True
 
 
 def test_a_loader_bound_loop_rotates_few_buffers(store_path, monkeypatch):
     """While the loop waits for every batch (the loader is the slower side), one buffer
     ahead keeps the gather busy, and only three buffers rotate (warm in the CPU cache)."""
     depths = prefetch_depths(monkeypatch)
-    monkeypatch.setattr(fastload.dataset._core, "Prefetcher", AlwaysWaited)
+    real = Store.prefetcher
+    monkeypatch.setattr(Store, "prefetcher", lambda store, *args: AlwaysWaited(real(store, *args)))
     store = Store(store_path)
     ds = FastLoadDataset(store, 2, prefetch=4, shuffle=False)
     for _ in range(2):
@@ -491,6 +492,22 @@ def test_a_loader_bound_loop_rotates_few_buffers(store_path, monkeypatch):
         assert len(set(buffers[4:])) <= 3
     assert set(depths) == {1}
 
+
+class Renumbered(AlwaysWaited):
+    """A prefetcher that reports every batch under the next batch's number."""
+
+    def next(self):
+        slot, batch, n, waited = self._real.next()
+        return slot, batch + 1, n, waited
+
+
+def test_a_batch_out_of_turn_is_an_error_not_a_wrongly_indexed_batch(store_path, monkeypatch):
+    """The Python side checks the batch number the prefetcher returns instead of trusting
+    that both sides count in lock step (return_indices would name the wrong records)."""
+    real = Store.prefetcher
+    monkeypatch.setattr(Store, "prefetcher", lambda store, *args: Renumbered(real(store, *args)))
+    with pytest.raises(RuntimeError, match="returned batch 1 where batch 0 was due"):
+        next(iter(FastLoadDataset(store_path, 4, return_indices=True)))
 
 class SimulatedStream:
     """One CUDA stream, simulated on the CPU: `copy` queues a host-to-device copy of a batch,
@@ -578,7 +595,7 @@ def test_ctrl_c_interrupts_a_wait_for_a_batch(store_path):
     """A batch that never comes (no buffer lent) is waited for with the GIL released, and
     Ctrl-C still ends the wait."""
     store = Store(store_path)
-    prefetcher = _core.Prefetcher(store._core, np.arange(4), [4])
+    prefetcher = store.prefetcher(np.arange(4), [4])
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     started = time.monotonic()
@@ -697,7 +714,7 @@ def test_to_device_makes_its_normalization_tensors_once_per_setting():
     settings each get their own."""
     images = torch.randint(0, 256, (2, 3, 3, 3), dtype=torch.uint8)
     settings = [((0.5, 0.4, 0.3), (0.2, 0.25, 0.5)), (0.5, 0.25), ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))]
-    fastload.dataset._normalization.cache_clear()
+    fastload.device._normalization.cache_clear()
     for _ in range(3):
         for mean, std in settings:
             x = to_device(images, "cpu", mean=mean, std=std)
@@ -705,7 +722,7 @@ def test_to_device_makes_its_normalization_tensors_once_per_setting():
             sd = torch.tensor(std, dtype=torch.float64).reshape(1, -1, 1, 1)
             expected = (images.permute(0, 3, 1, 2).double() / 255 - m) / sd
             torch.testing.assert_close(x.double(), expected, atol=1e-5, rtol=1e-5)
-    assert fastload.dataset._normalization.cache_info().misses == len(settings)
+    assert fastload.device._normalization.cache_info().misses == len(settings)
 
 
 def test_to_device_rejects_bad_input():
@@ -784,7 +801,7 @@ def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path)
 
 
 def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
-    pool = fastload.dataset._BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
+    pool = BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
     with pytest.raises(MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"):
         pool.take()
 

@@ -5,12 +5,11 @@ loops with batches gathered by Rust threads at memory bandwidth.
 """
 
 from fastload._core import StoreError
+from fastload._version import __version__
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 
-__version__ = "0.1.0"
-
-_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "dataset", "split_indices": "dataset"}
+_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "device", "split_indices": "dataset"}
 
 
 def __getattr__(name):

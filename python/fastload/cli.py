@@ -13,10 +13,7 @@ from typing import List, Optional
 
 from fastload import StoreError, __version__
 from fastload import store as store_mod
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:,.3f} GB"
+from fastload.progress import gigabytes as _gb
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

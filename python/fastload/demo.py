@@ -147,15 +147,13 @@ def _images_per_s(batches: Iterable, max_batches: int) -> float:
 
 def loader_rates(store_path: Path, batch_size: int) -> Tuple[float, float]:
     """(FastLoadDataset, np.memmap Dataset + DataLoader(num_workers=2)) images/s, random order."""
-    from fastload.bench import MemmapRecords
+    from fastload.bench.baselines import MemmapRecords
     from fastload.dataset import FastLoadDataset
     from fastload.store import Store
 
     fast = _images_per_s(FastLoadDataset(store_path, batch_size), LOADER_BATCHES)
     with Store(store_path) as store:
-        records = MemmapRecords(
-            str(store.path), len(store), store._core.stride, store.shape, np.array(store.labels)
-        )
+        records = MemmapRecords(store, np.array(store.labels))
     loader = torch.utils.data.DataLoader(
         records, batch_size=batch_size, shuffle=True, num_workers=2, pin_memory=torch.cuda.is_available()
     )

@@ -1,10 +1,16 @@
-"""A one-line progress bar on stderr, shared by `pack` and `train`: redrawn at most every
-`interval` seconds so that drawing never slows the work it reports on."""
+"""Console output shared by the commands: a one-line progress bar on stderr (`pack`, `train`),
+redrawn at most every `interval` seconds so that drawing never slows the work it reports on,
+and how sizes are written (`gigabytes`)."""
 
 from __future__ import annotations
 
 import sys
 import time
+
+
+def gigabytes(n: float) -> str:
+    """`n` bytes as GB (10**9 bytes), the unit every command reports sizes in."""
+    return f"{n / 1e9:,.3f} GB"
 
 
 class ProgressLine:

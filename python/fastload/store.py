@@ -117,6 +117,22 @@ class Store:
         return self._core.file_size
 
     @property
+    def stride(self) -> int:
+        """Bytes from one record's image to the next (the image size, padded to 64 bytes or not)."""
+        return self._core.stride
+
+    @property
+    def images_offset(self) -> int:
+        """Where the image section starts in the file: right after the fixed 4096-byte header
+        (docs/FORMAT.md; opening the store checks it), for readers that map the file themselves."""
+        return 4096
+
+    def prefetcher(self, indices: np.ndarray, lengths: Sequence[int]) -> _core.Prefetcher:
+        """A Rust prefetcher gathering `indices` (int64), cut into batches of `lengths`, in order
+        on a background thread into batch buffers the caller lends (see `fastload.dataset`)."""
+        return _core.Prefetcher(self._core, indices, lengths)
+
+    @property
     def meta(self) -> dict:
         """The metadata written with the store (pack options, class names, sources, ...)."""
         if self._meta is None:
@@ -295,7 +311,7 @@ class StoreWriter:
 
     def commit(self) -> Path:
         """Finishes the store and moves it into place; returns its path."""
-        from fastload import __version__
+        from fastload._version import __version__
 
         meta = {
             "fastload_version": __version__,

@@ -143,14 +143,14 @@ impl CorePrefetcher {
         self.with(|prefetcher| Ok(prefetcher.remaining()))
     }
 
-    /// (slot, records, waited) of the next batch, waiting for it with the GIL released;
-    /// None after the last. `waited`: the batch was not ready yet when asked for.
-    fn next(&self, py: Python<'_>) -> PyResult<Option<(usize, usize, bool)>> {
+    /// (slot, batch number, records, waited) of the next batch, waiting for it with the GIL
+    /// released; None after the last. `waited`: the batch was not ready yet when asked for.
+    fn next(&self, py: Python<'_>) -> PyResult<Option<(usize, usize, usize, bool)>> {
         loop {
             let got =
                 py.detach(|| self.with(|prefetcher| prefetcher.next(SIGNAL_CHECK).map_err(to_py)))?;
             if let Some(filled) = got {
-                return Ok(Some((filled.slot, filled.len, filled.waited)));
+                return Ok(Some((filled.slot, filled.batch, filled.len, filled.waited)));
             }
             if self.with(|prefetcher| Ok(prefetcher.remaining()))? == 0 {
                 return Ok(None);

@@ -1,0 +1,58 @@
+"""The machine a bench ran on: CPU, cores, RAM, GPU and library versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import numpy as np
+import torch
+
+from fastload import _core
+from fastload._version import __version__
+from fastload.store import machine_memory
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+
+
+def describe_machine() -> dict:
+    """CPU, cores, RAM, GPU and library versions, recorded with every figure."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import PIL
+
+        pillow = PIL.__version__
+    except ImportError:
+        pillow = None
+    cuda = torch.cuda.is_available()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "fastload_threads": _core.num_threads(),
+        "ram_bytes": machine_memory(),
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "platform": platform.platform(),
+        "versions": {
+            "python": platform.python_version(),
+            "fastload": __version__,
+            "numpy": np.__version__,
+            "torch": torch.__version__,
+            "pillow": pillow,
+        },
+    }

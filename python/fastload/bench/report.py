@@ -1,0 +1,255 @@
+"""What a bench run concludes and shows: the speed targets, the verdict naming the narrowest
+stage, the plot, and the console table and lines."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from fastload.bench.measure import INSTALL_EXTRA
+from fastload.progress import gigabytes
+from fastload.store import PathLike
+
+
+def _reference(rows: List[dict], *methods: str) -> Optional[dict]:
+    for method in methods:
+        for row in rows:
+            if row["method"].startswith(method):
+                return row
+    return None
+
+
+FASTLOAD_REFERENCE = ("FastLoadDataset, warm, random", "Store.gather, warm, random")
+
+
+def _memcpy_limit(rows: List[dict]) -> Optional[dict]:
+    """The faster of the memcpy figures: the machine's copy bandwidth."""
+    return max((r for r in rows if r["stage"] == "memcpy"), key=lambda r: r["gb_per_s"], default=None)
+
+
+def _paired_ratio(row: dict, other: dict) -> Optional[float]:
+    """Median over rounds of row's rate / other's rate in the same round: runs of one round
+    ran minutes apart at most, so this ratio moves less with the machine's speed than the
+    ratio of the medians does. None when the figures lack per-run times."""
+    a, b = row.get("seconds") or [], other.get("seconds") or []
+    if not a or len(a) != len(b):
+        return None
+    per_run = [(row["images_per_run"] / ta) / (other["images_per_run"] / tb) for ta, tb in zip(a, b)]
+    return statistics.median(per_run)
+
+
+# The speed targets are set for epochs over at least this many bytes (far beyond any CPU
+# cache, and long enough that an epoch's start-up does not count): a --quick run's short
+# epochs of 64 MB are reported against them but not judged.
+TARGET_MIN_BYTES = 2_000_000_000
+
+
+def targets(rows: List[dict], measured_bytes: int) -> List[dict]:
+    """The project's speed targets, checked against this run's figures (the ratio of the
+    medians decides; the median of per-round ratios is given beside it), judged only when
+    the run read at least TARGET_MIN_BYTES."""
+    ref = _reference(rows, *FASTLOAD_REFERENCE)
+    checks = [
+        ("fastload >= 85% of memcpy", 0.85, _memcpy_limit(rows)),
+        ("fastload >= 4x the np.memmap DataLoader recipe", 4.0, _reference(rows, "np.memmap Dataset")),
+        ("fastload >= 1.5x np.memmap fancy indexing", 1.5, _reference(rows, "np.memmap fancy")),
+    ]
+    targets = []
+    for name, goal, other in checks:
+        if ref is None or other is None:
+            continue
+        ratio = ref["images_per_s"] / other["images_per_s"]
+        targets.append(
+            {
+                "target": name,
+                "fastload": ref["method"],
+                "against": other["method"],
+                "ratio": ratio,
+                "paired_ratio": _paired_ratio(ref, other),
+                "met": ratio >= goal,
+                "judged": measured_bytes >= TARGET_MIN_BYTES,
+            }
+        )
+    return targets
+
+
+def _rate(row: Optional[dict]) -> str:
+    return f"{row['images_per_s']:,.0f} img/s" if row else "?"
+
+
+def verdict(rows: List[dict], plan: dict) -> str:
+    """Names the narrowest stage of the path from storage to the training step, for the
+    dataset of the memory plan `plan` (the store's, or the one the user plans)."""
+    loader = _reference(rows, *FASTLOAD_REFERENCE)
+    if loader is None:
+        return "no fastload stage ran: nothing to compare the limits with"
+    memcpy = _memcpy_limit(rows)
+    disk = _reference(rows, "sequential read, cold")
+    cold = _reference(rows, "FastLoadDataset, cold, random", "Store.gather, cold, random")
+    f32 = _reference(rows, "host-to-device, pinned float32")
+    u8 = _reference(rows, "host-to-device, pinned uint8")
+    end_to_end = _reference(rows, "FastLoadDataset + to_device")
+    fits = plan["uint8_bytes"] <= 0.8 * plan["ram_bytes"]
+    parts = [f"the loader ({loader['method']}) delivers {_rate(loader)}"]
+    path = [("the loader", loader)]
+    if memcpy:
+        parts[0] += (
+            f", {100 * loader['images_per_s'] / memcpy['images_per_s']:.0f}% of the {_rate(memcpy)} memcpy limit"
+        )
+        path.append(("memory bandwidth", memcpy))
+    if f32 and u8:
+        advice = "send uint8 (fastload.to_device converts on the GPU)"
+        if u8["images_per_s"] < loader["images_per_s"]:
+            advice = "the link bounds the path even as uint8"
+        elif f32["images_per_s"] >= loader["images_per_s"]:
+            advice = "the link keeps up either way"
+        parts.append(
+            f"your host-to-device link carries {_rate(f32)} as float32 and {_rate(u8)} as uint8: {advice}"
+        )
+        path.append(("the host-to-device link (uint8)", u8))
+    else:
+        parts.append("no GPU here, so the host-to-device link was not measured")
+    if end_to_end:
+        parts.append(f"end to end, normalized float32 batches reach the GPU at {_rate(end_to_end)}")
+    if cold and disk:
+        parts.append(f"a cold epoch delivers {_rate(cold)}, the disk reads {_rate(disk)} sequentially")
+        if not fits:
+            path.append(("the disk (the store does not fit in RAM)", disk))
+        elif disk["images_per_s"] < loader["images_per_s"]:
+            parts.append("the store fits in RAM, so the disk bounds only the first epoch")
+    name, narrowest = min(path, key=lambda stage: stage[1]["images_per_s"])
+    parts.append(f"the narrowest stage is {name}, at {_rate(narrowest)}")
+    return "; ".join(parts) + "."
+
+
+
+def require_matplotlib():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(f"--plot needs matplotlib: {INSTALL_EXTRA}") from None
+    return plt
+
+
+KIND_COLOURS = {"limit": "#9e9e9e", "fastload": "#2e7d32", "baseline": "#ef6c00"}
+
+
+def plot(results: dict, path: PathLike) -> Path:
+    """A horizontal bar chart of GB/s per method on a log scale (loaders differ by orders of
+    magnitude), limits in grey, fastload in green, whiskers from the slowest to the fastest run."""
+    plt = require_matplotlib()
+    rows = results["rows"]
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
+    y = np.arange(len(rows))[::-1]
+    rates = np.array([r["gb_per_s"] for r in rows])
+    slowest = np.array([r["gb_per_s_min"] for r in rows])
+    fastest = np.array([r["gb_per_s_max"] for r in rows])
+    ax.barh(y, rates, color=[KIND_COLOURS[r["kind"]] for r in rows])
+    ax.errorbar(
+        rates, y, xerr=[rates - slowest, fastest - rates], fmt="none", ecolor="black", capsize=2, lw=0.8
+    )
+    for yi, top, r in zip(y, fastest, rows):
+        ax.text(top * 1.08, yi, f"{r['images_per_s']:,.0f} img/s", va="center", fontsize=7)
+    memcpy = _memcpy_limit(rows)
+    if memcpy:
+        ax.axvline(memcpy["gb_per_s"], color="#616161", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlim(min(slowest.min(), 0.01) / 2, fastest.max() * 4)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["method"] for r in rows], fontsize=8)
+    ax.set_xlabel("GB/s, log scale (median of the runs; whiskers: slowest to fastest; dashed: memcpy limit)")
+    machine = results["machine"]
+    h, w, c = results["config"]["shape"]
+    ax.set_title(
+        f"fastload bench: {h}x{w}x{c} uint8 records, {machine['usable_cores']} cores, {machine['gpu'] or 'no GPU'}",
+        fontsize=10,
+    )
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOURS.values()]
+    ax.legend(handles, list(KIND_COLOURS), loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+COLUMNS = ("method", "img/s", "GB/s", "spread", "x memcpy", "x fastload", "CPU us/img")
+
+
+def table_rows(results: dict) -> List[Tuple[str, ...]]:
+    """The figures as text cells, one tuple per method, in COLUMNS order."""
+
+    def ratio(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return [
+        (
+            r["method"],
+            f"{r['images_per_s']:,.0f}",
+            f"{r['gb_per_s']:.2f}",
+            f"{r['spread_pct']:.0f}%",
+            ratio(r["vs_memcpy"]),
+            ratio(r["vs_fastload"]),
+            "-" if r["kind"] == "limit" else f"{r['cpu_us_per_image']:,.0f}",
+        )
+        for r in results["rows"]
+    ]
+
+
+def report_lines(results: dict) -> List[str]:
+    """Everything after the table: skipped stages, memory plan, targets, verdict, warnings."""
+    lines = [
+        f"skipped {name}: {s['reason']}" for name, s in results["stages"].items() if s["status"] == "skipped"
+    ]
+    m = results["memory_plan"]
+    h, w, c = m["shape"]
+    lines.append(
+        f"memory plan: {m['images']:,} images of {h}x{w}x{c} take {gigabytes(m['uint8_bytes'])} as uint8 and "
+        f"{gigabytes(m['float32_bytes'])} as float32; this machine's {gigabytes(m['ram_bytes'])} RAM holds "
+        f"{m['fit_in_ram_uint8']:,} as uint8, {m['fit_in_ram_float32']:,} as float32"
+    )
+    for t in results["targets"]:
+        paired = "" if t.get("paired_ratio") is None else f" (median of per-round ratios {t['paired_ratio']:.2f}x)"
+        if t["judged"]:
+            outcome = "met" if t["met"] else "MISSED"
+        else:
+            measured = results["config"]["records_measured"] * results["config"]["image_bytes"]
+            outcome = f"not judged: the targets hold for epochs over >= {gigabytes(TARGET_MIN_BYTES)}, this run read {gigabytes(measured)}"
+        lines.append(f"target {t['target']}: {t['ratio']:.2f}x{paired}, {outcome}")
+    lines.append(f"verdict: {results['verdict']}")
+    lines.extend(f"warning: {w}" for w in results["warnings"])
+    return lines
+
+
+def print_report(results: dict) -> None:
+    cells = table_rows(results)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(row[i]) for row in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+        for row in [COLUMNS, *cells]:
+            print(
+                "  ".join(
+                    cell.ljust(wd) if i == 0 else cell.rjust(wd)
+                    for i, (cell, wd) in enumerate(zip(row, widths))
+                )
+            )
+    else:
+        table = Table(title="fastload bench (medians)")
+        for i, name in enumerate(COLUMNS):
+            if i == 0:  # on a narrow terminal the method names wrap, never the figures
+                table.add_column(name)
+            else:
+                table.add_column(name, justify="right", no_wrap=True, min_width=max(len(r[i]) for r in cells))
+        for row in cells:
+            table.add_row(*row)
+        Console(width=None if sys.stdout.isatty() else 160).print(table)
+    for line in report_lines(results):
+        print(line)

@@ -1,0 +1,274 @@
+"""`run()`, the single implementation of `fastload bench` (the command only parses its
+arguments): the stage registry, the synthetic store, and the run that sets up every stage,
+times its figures and hands the rows to the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+import numpy as np
+import torch
+
+from fastload.bench.baselines import (
+    bench_dataloader,
+    bench_jpeg,
+    bench_litdata,
+    bench_memmap,
+    bench_streaming,
+)
+from fastload.bench.machine import describe_machine
+from fastload.bench.measure import Context, Figure, Plan, Skip, cold_note, run_rounds
+from fastload.bench.report import FASTLOAD_REFERENCE, plot, print_report, require_matplotlib, targets, verdict
+from fastload.bench.stages import (
+    bench_dataset,
+    bench_disk,
+    bench_gather,
+    bench_h2d,
+    bench_memcpy,
+    bench_to_device,
+)
+from fastload.store import PathLike, Store, StoreWriter, _fspath, machine_memory, memory_plan
+
+NOISY_SPREAD_PCT = 20.0
+SYNTHETIC_SHAPE = (224, 224, 3)
+
+BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
+    "memcpy": bench_memcpy,
+    "disk": bench_disk,
+    "h2d": bench_h2d,
+    "gather": bench_gather,
+    "dataset": bench_dataset,
+    "to_device": bench_to_device,
+    "memmap": bench_memmap,
+    "dataloader": bench_dataloader,
+    "jpeg": bench_jpeg,
+    "litdata": bench_litdata,
+    "streaming": bench_streaming,
+}
+STAGES = tuple(BENCHES)  # the canonical order
+
+
+def parse_stages(only: Optional[Iterable[str] | str]) -> List[str]:
+    """The stages to run, in the canonical order; `only` may be a comma-separated string."""
+    if only is None:
+        return list(STAGES)
+    names = [s.strip() for s in (only.split(",") if isinstance(only, str) else only) if s.strip()]
+    unknown = [s for s in names if s not in STAGES]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown stage(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(STAGES)}"
+        )
+    return [s for s in STAGES if s in names]
+
+
+def default_size_gb(workdir: str) -> float:
+    """A synthetic store that fits: at most 2 GB, an eighth of RAM and a quarter of free disk."""
+    free = shutil.disk_usage(workdir).free
+    return min(2.0, machine_memory() / 8 / 1e9, free / 4 / 1e9)
+
+
+def write_synthetic_store(path: PathLike, size_bytes: int, shape=SYNTHETIC_SHAPE, seed: int = 0) -> Path:
+    """A store of photo-like images (smooth blocks plus noise, so JPEG sizes are realistic),
+    with 10 classes, holding at least `size_bytes` of images."""
+    h, w, c = shape
+    count = max(1, -(-size_bytes // (h * w * c)))
+    rng = np.random.default_rng(seed)
+    with StoreWriter(path, shape, label_dtype="int64", meta={"synthetic": "fastload bench"}) as writer:
+        for start in range(0, count, 256):
+            n = min(256, count - start)
+            coarse = rng.integers(0, 224, (n, -(-h // 16), -(-w // 16), c), dtype=np.uint8)
+            images = coarse.repeat(16, axis=1).repeat(16, axis=2)[:, :h, :w]
+            images += rng.integers(0, 32, images.shape, dtype=np.uint8)
+            writer.extend(images, np.arange(start, start + n) % 10)
+    return Path(path)
+
+
+class Progress:
+    """Says which stage runs: a rich spinner on a terminal, plain lines on stderr otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._status = None
+        if enabled and sys.stderr.isatty():
+            try:
+                from rich.console import Console
+
+                self._status = Console(stderr=True).status("fastload bench")
+                self._status.start()
+            except ImportError:
+                pass
+
+    def __call__(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self._status is not None:
+            self._status.update(f"fastload bench: {message}")
+        else:
+            print(f"fastload bench: {message}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+
+
+
+def run(
+    store: Optional[PathLike] = None,
+    size_gb: Optional[float] = None,
+    quick: bool = False,
+    only: Optional[Iterable[str] | str] = None,
+    json_path: Optional[PathLike] = None,
+    plot_path: Optional[PathLike] = None,
+    images: Optional[int] = None,
+    size: Optional[int] = None,
+    repeats: int = 3,
+    batch_size: int = 64,
+    console: bool = True,
+) -> dict:
+    """Benchmarks the feeding path on `store` (or on a temporary synthetic store of
+    `size_gb`, removed afterwards) and returns every figure, the memory plan and a verdict.
+
+    Cold stages evict the store from the page cache. `images`/`size` plan memory for a
+    dataset of that many size×size×3 images instead of the store's.
+    """
+    stages = parse_stages(only)
+    if repeats < 3:
+        raise ValueError(f"repeats must be at least 3 (a median needs several runs), not {repeats}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, not {batch_size}")
+    if store is not None and size_gb is not None:
+        raise ValueError("give either a store or size_gb (the size of a temporary store), not both")
+    if size_gb is not None and size_gb <= 0:
+        raise ValueError(f"size_gb must be positive, not {size_gb}")
+    if (images is None) != (size is None):
+        raise ValueError("images and size go together: a memory plan for IMAGES images of SIZE×SIZE×3")
+    if images is not None and (images < 1 or size < 1):
+        raise ValueError(f"images and size must be positive, not {images} and {size}")
+    for output in (json_path, plot_path):
+        if output is not None and not Path(_fspath(output, "output path")).parent.is_dir():
+            raise ValueError(f"{output}: its directory does not exist (checked before the run, not after it)")
+    if plot_path is not None:
+        require_matplotlib()
+    if store is not None:
+        store = _fspath(store, "store")
+        Store(store).close()  # a bad path fails here, before any stage runs
+
+    plan = Plan.for_run(quick)
+    progress = Progress(console)
+    workdir = tempfile.mkdtemp(prefix="fastload-bench-")
+    try:
+        if store is None:
+            gb = size_gb if size_gb is not None else (0.064 if quick else default_size_gb(workdir))
+            progress(f"writing a temporary {gb:.2f} GB store")
+            path = str(write_synthetic_store(Path(workdir) / "bench.fastload", int(gb * 1e9)))
+        else:
+            path = store
+        with Store(path) as s:
+            if len(s) == 0:
+                raise ValueError(f"{path}: the store has no records to benchmark")
+            sample = max(1, min(len(s), plan.sample_bytes // s.image_nbytes))
+            ctx = Context(
+                path=path,
+                count=len(s),
+                shape=s.shape,
+                stride=s.stride,
+                images_offset=s.images_offset,
+                file_size=s.file_size,
+                sample=sample,
+                labels=np.array(s.labels[:sample]),
+                plan=plan,
+                repeats=repeats,
+                batch_size=batch_size,
+                workdir=workdir,
+                cuda=torch.cuda.is_available(),
+                resources=ExitStack(),
+            )
+        results = _measure(ctx, stages, progress)
+    finally:
+        progress.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    memory = memory_plan(images, (size, size, 3)) if images is not None else memory_plan(ctx.count, ctx.shape)
+    results.update(
+        {
+            "machine": describe_machine(),
+            "config": {
+                "store": None if store is None else str(Path(store).resolve()),
+                "temporary_store": store is None,
+                "records": ctx.count,
+                "shape": list(ctx.shape),
+                "image_bytes": ctx.image_nbytes,
+                "records_measured": ctx.sample,
+                "file_bytes": ctx.file_size,
+                "repeats": repeats,
+                "batch_size": batch_size,
+                "quick": quick,
+                "stages": stages,
+            },
+            "memory_plan": memory,
+        }
+    )
+    results["verdict"] = verdict(results["rows"], memory)
+    results["targets"] = targets(results["rows"], ctx.sample_bytes)
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if plot_path is not None:
+        plot(results, plot_path)
+    if console:
+        print_report(results)
+    return results
+
+
+def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
+    figures: List[Figure] = []
+    skipped: Dict[str, str] = {}
+    with ctx.resources:
+        for number, name in enumerate(stages, 1):
+            progress(f"[{number}/{len(stages)}] setting up {name}")
+            try:
+                figures.extend(BENCHES[name](ctx))
+            except Skip as exc:
+                skipped[name] = str(exc)
+        run_rounds(ctx, [f for f in figures if not f.cold], progress)
+        for figure in figures:
+            if not figure.cold:
+                figure.trial = None  # releases what the trial maps before the cold runs
+    cold = [f for f in figures if f.cold]
+    if cold:
+        run_rounds(ctx, cold, progress)
+        note = cold_note(ctx)
+        for figure in cold:
+            figure.note, figure.trial = note, None
+    by_method = {f.method: f for f in figures}
+    memcpy = max((f for f in figures if f.stage == "memcpy"), key=lambda f: f.bytes_per_s, default=None)
+    ref = next((by_method[m] for m in FASTLOAD_REFERENCE if m in by_method), None)
+    rows = [
+        f.as_dict(memcpy.images_per_s if memcpy else None, ref.images_per_s if ref else None) for f in figures
+    ]
+    noisy = [
+        f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
+        "rerun on an idle machine (or with more --repeats) before trusting this figure"
+        for r in rows
+        if r["spread_pct"] > NOISY_SPREAD_PCT
+    ]
+    stage_status = {
+        name: (
+            {"status": "skipped", "reason": skipped[name]}
+            if name in skipped
+            else {"status": "ok", "methods": [r["method"] for r in rows if r["stage"] == name]}
+        )
+        for name in stages
+    }
+    return {
+        "stages": stage_status,
+        "rows": rows,
+        "fastload_reference": ref.method if ref else None,
+        "memcpy_reference": memcpy.method if memcpy else None,
+        "warnings": noisy,
+    }

@@ -1,0 +1,201 @@
+"""The stages that measure the machine's limits (memcpy, disk, host-to-device link) and
+fastload itself (Store.gather, FastLoadDataset, to_device), on the same records."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Tuple
+
+import numpy as np
+import torch
+
+from fastload.bench.machine import usable_cores
+from fastload.bench.measure import Context, Figure, Skip
+from fastload.dataset import FastLoadDataset
+from fastload.device import to_device
+from fastload.store import Store
+
+
+def bench_memcpy(ctx: Context) -> List[Figure]:
+    """The ceiling for any loader that copies records: numpy copies from a buffer larger than
+    the CPU caches into a reused batch-sized buffer (a loader's pattern), on one thread and on
+    every core (numpy releases the GIL for large copies). The copies go in pieces of about
+    256 KiB, whole records each, as a loader copies records: one multi-megabyte memcpy can take
+    the C library's non-temporal path and bypass the cache that the batch buffer lives in."""
+    threads = usable_cores()
+    batch_bytes = ctx.batch_size * ctx.image_nbytes
+    piece = max(1, (256 << 10) // ctx.image_nbytes) * ctx.image_nbytes
+    rows = max(ctx.plan.copy_bytes // batch_bytes, threads)
+    src = np.full((rows, batch_bytes), 7, dtype=np.uint8)
+    batches = [np.zeros(batch_bytes, dtype=np.uint8) for _ in range(threads)]
+    images = rows * ctx.batch_size
+
+    def copy_rows(first: int, step: int) -> None:
+        out = batches[first]
+        for row in src[first::step]:
+            for start in range(0, batch_bytes, piece):
+                np.copyto(out[start : start + piece], row[start : start + piece])
+
+    def copy_one() -> Tuple[float, int]:
+        copy_rows(0, 1)
+        return images, src.nbytes
+
+    pool = ctx.resources.enter_context(ThreadPoolExecutor(threads))
+
+    def copy_many() -> Tuple[float, int]:
+        list(pool.map(copy_rows, range(threads), [threads] * threads))
+        return images, src.nbytes
+
+    note = f"{src.nbytes >> 20} MiB into batches of {ctx.batch_size}"
+    return [
+        Figure("memcpy", "memcpy, 1 thread", "limit", copy_one, note),
+        Figure("memcpy", f"memcpy, {threads} threads", "limit", copy_many, note),
+    ]
+
+
+def bench_disk(ctx: Context) -> List[Figure]:
+    """Sequential read of the store's file (the sampled records), cold and from the page cache."""
+    length = ctx.images_offset + ctx.sample * ctx.stride
+    buf = memoryview(np.empty(8 << 20, dtype=np.uint8))
+
+    def read() -> Tuple[float, int]:
+        done = 0
+        with open(ctx.path, "rb", buffering=0) as f:
+            while done < length:
+                n = f.readinto(buf[: min(len(buf), length - done)])
+                if not n:
+                    break
+                done += n
+        return done / ctx.stride, done
+
+    return [
+        Figure("disk", "sequential read, cold", "limit", read, cold=True),
+        Figure("disk", "sequential read, warm", "limit", read, "from the page cache"),
+    ]
+
+
+def bench_h2d(ctx: Context) -> List[Figure]:
+    """Host-to-device copies of one batch: pinned vs pageable memory, uint8 vs float32
+    (four times the bytes on the bus for the same images)."""
+    if not ctx.cuda:
+        raise Skip(
+            "CUDA is not available (torch.cuda.is_available() is False): no host-to-device link to measure"
+        )
+    shape = (ctx.batch_size, *ctx.shape)
+    figures = []
+    for dtype in (torch.uint8, torch.float32):
+        device = torch.empty(shape, dtype=dtype, device="cuda")
+        per_batch = device.numel() * device.element_size()
+        copies = max(1, ctx.plan.h2d_bytes // per_batch)
+        for pinned in (True, False):
+            host = torch.ones(shape, dtype=dtype, pin_memory=pinned)
+
+            def copy(host=host, device=device, copies=copies, per_batch=per_batch):
+                for _ in range(copies):
+                    device.copy_(host, non_blocking=True)
+                torch.cuda.synchronize()
+                return copies * ctx.batch_size, copies * per_batch
+
+            name = f"host-to-device, {'pinned' if pinned else 'pageable'} {str(dtype).split('.')[-1]}"
+            figures.append(Figure("h2d", name, "limit", copy, f"batches of {ctx.batch_size}"))
+    return figures
+
+
+def _warm(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
+    """Steady state, as in training: one mapping for every run, its pages in the page cache
+    and in this process's page tables after the untimed first run."""
+    store = ctx.resources.enter_context(Store(ctx.path))
+    return Figure(stage, method, "fastload", make_trial(store), "page cache, store kept mapped")
+
+
+def _cold(ctx: Context, stage: str, method: str, make_trial: Callable[[Store], Callable]) -> Figure:
+    """First epoch from disk: each run maps the store afresh after evicting it."""
+
+    def trial() -> Tuple[float, int]:
+        with Store(ctx.path) as store:
+            return make_trial(store)()
+
+    return Figure(stage, method, "fastload", trial, cold=True)
+
+
+def bench_gather(ctx: Context) -> List[Figure]:
+    """`Store.gather` of shuffled batches into a reused buffer: the copy fastload does per batch."""
+    batches = ctx.batches(ctx.order())
+    out = np.empty((ctx.batch_size, *ctx.shape), dtype=np.uint8)
+    labels = np.empty(ctx.batch_size, dtype=ctx.labels.dtype)
+
+    def gather_epoch(store: Store):
+        def epoch() -> Tuple[float, int]:
+            for idx in batches:
+                store.gather(idx, out=out[: len(idx)], labels_out=labels[: len(idx)])
+            return ctx.sample, ctx.sample_bytes
+
+        return epoch
+
+    return [
+        _warm(ctx, "gather", "Store.gather, warm, random", gather_epoch),
+        _cold(ctx, "gather", "Store.gather, cold, random", gather_epoch),
+    ]
+
+
+
+def _dataset_epochs(ctx: Context, order: str, deliver: Callable = lambda images: None):
+    """Makes trials that iterate a FastLoadDataset over the sampled records, one epoch per
+    call, handing each batch's images to `deliver`."""
+    indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
+
+    def make_trial(store: Store):
+        loader = FastLoadDataset(store, ctx.batch_size, order=order, indices=indices, seed=0)
+
+        def epoch() -> Tuple[float, int]:
+            images = 0
+            for batch in loader:
+                deliver(batch[0])
+                images += len(batch[0])
+            return images, images * ctx.image_nbytes
+
+        return epoch
+
+    return make_trial
+
+
+def bench_dataset(ctx: Context) -> List[Figure]:
+    """`FastLoadDataset` epochs over the sampled records: warm in random and block order, and
+    cold (first epoch from disk) in every order, to set against a sequential read of the file."""
+    figures = []
+    for measure, state, orders in (
+        (_warm, "warm", ("random", "block")),
+        (_cold, "cold", ("random", "block", "sequential")),
+    ):
+        for order in orders:
+            figures.append(
+                measure(ctx, "dataset", f"FastLoadDataset, {state}, {order}", _dataset_epochs(ctx, order))
+            )
+    return figures
+
+
+def bench_to_device(ctx: Context) -> List[Figure]:
+    """End to end: batches arriving on the GPU as normalized float32 tensors."""
+    if not ctx.cuda:
+        raise Skip("CUDA is not available (torch.cuda.is_available() is False): no GPU to deliver to")
+    channels = ctx.shape[2]
+    mean, std = [0.5] * channels, [0.25] * channels
+
+    def deliver(images) -> None:
+        to_device(images, "cuda", dtype=torch.float32, mean=mean, std=std)
+
+    make_epoch = _dataset_epochs(ctx, "random", deliver)
+
+    def make_trial(store: Store):
+        epoch = make_epoch(store)
+
+        def synchronized() -> Tuple[float, int]:
+            done = epoch()
+            torch.cuda.synchronize()
+            return done
+
+        return synchronized
+
+    figure = _warm(ctx, "to_device", "FastLoadDataset + to_device, float32 on GPU", make_trial)
+    figure.note = "warm, random order, normalized on the GPU"
+    return [figure]

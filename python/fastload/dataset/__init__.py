@@ -1,0 +1,19 @@
+"""Feeding a PyTorch training loop from a store: `FastLoadDataset` yields ready batches
+gathered ahead by a Rust thread (GIL released), split across DDP ranks and DataLoader
+workers. The parts: `plan` (epoch order and each rank's batches), `buffers` (batch buffer
+lifetime), `prefetch` (driving the Rust prefetcher), `dataset` (the dataset itself)."""
+
+from fastload.dataset.dataset import FastLoadDataset
+from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, split_indices
+from fastload.device import to_device
+
+__all__ = [
+    "FastLoadDataset",
+    "RankPlan",
+    "epoch_order",
+    "split_indices",
+    "to_device",
+    "ORDERS",
+    "BLOCK_BYTES",
+    "WINDOW_BLOCKS",
+]

@@ -1,0 +1,159 @@
+"""Batch buffers and their lifetime: a buffer is refilled only once no tensor built on it is
+alive (and, when pinned, once the GPU copy queued on it has finished)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import weakref
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+
+
+def _use_count(tensor: torch.Tensor) -> int:
+    """Tensors (views included, NumPy views of them too) sharing `tensor`'s memory, plus one;
+    0 where this torch cannot tell, so buffers are then never reused."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count(tensor.untyped_storage()._cdata) if count else 0
+
+
+class Buffer:
+    """One batch's images and labels, the flat byte views of them the prefetcher writes
+    through, and the prefetcher slot that holds them (if any). `copied` is a CUDA event the
+    next fill waits for, so an asynchronous copy to the GPU of the previous contents
+    finishes first."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+        self.image_bytes = images.numpy().reshape(-1)
+        self.label_bytes = labels.numpy().view(np.uint8)
+        self.copied: Optional[Any] = None
+        self.owner: Optional[Any] = None  # the Rust prefetcher that holds the slot
+        self.slot = -1
+        self.lent = False
+        self.baseline = self._references()
+
+    def _references(self) -> Tuple[int, int]:
+        return (_use_count(self.images), _use_count(self.labels))
+
+    def unreferenced(self, dying_images: int = 0) -> bool:
+        """No tensor but ours uses the buffer, apart from `dying_images` images tensors whose
+        finalizer is running."""
+        images, labels = self._references()
+        return self.baseline[0] > 0 and (images - dying_images, labels) == self.baseline
+
+
+@functools.cache
+def _dying_view_count() -> int:
+    """How much a tensor whose weakref finalizer is running still adds to its storage's use
+    count: 1 in the torch versions tested (the Python object goes first, then the tensor),
+    measured here so that another torch that releases earlier is read right too."""
+    base = torch.empty(1)
+    view = base[:]
+    seen = []
+    weakref.finalize(view, lambda: seen.append(_use_count(base)))
+    alive = _use_count(base)
+    del view
+    return seen[0] - (alive - 1) if seen and alive > 0 else -1
+
+
+class BufferPool:
+    """Batch buffers, reused once no tensor built on them is alive anywhere (and, for pinned
+    ones, once the GPU copy queued on them has finished), so a batch the user still holds is
+    never overwritten and steady state allocates nothing. An unpinned buffer comes back the
+    moment the batch's images tensor dies, as in a `for` loop that moves on to the next
+    batch; a pinned one (or one still referenced then) when the prefetcher next needs a
+    buffer, after the GPU copy queued on it has finished. In a DataLoader worker the batches travel to the main
+    process through shared memory, where this process cannot see who holds them: there every
+    batch gets a fresh shared-memory buffer."""
+
+    def __init__(
+        self, batch_size: int, shape: Tuple[int, ...], label_dtype: np.dtype, pin: bool, worker: bool
+    ):
+        self._images_shape = (batch_size, *shape)
+        self._label_dtype = torch.from_numpy(np.empty(0, dtype=label_dtype)).dtype
+        self._pin, self.worker = pin, worker
+        self._free: collections.deque = collections.deque()
+        self._copying: collections.deque = collections.deque()
+        self._lent: list = []
+        self.active: Optional[Any] = None  # the iteration under way (a prefetch.Pass), which takes free buffers first
+
+    def _allocate(self) -> Buffer:
+        try:
+            return self._new_buffer()
+        except RuntimeError as exc:  # torch's allocator: out of memory, or a size it refuses
+            n, nbytes = self._images_shape[0], int(np.prod(self._images_shape, dtype=object))
+            raise MemoryError(
+                f"cannot allocate a batch buffer of {n} images ({nbytes / 1e9:.3g} GB): "
+                f"use a smaller batch_size ({exc})"
+            ) from None
+
+    def _new_buffer(self) -> Buffer:
+        n = self._images_shape[0]
+        if self.worker:
+            images = (
+                torch.empty(0, dtype=torch.uint8)
+                .set_(torch.UntypedStorage._new_shared(int(np.prod(self._images_shape))))
+                .view(self._images_shape)
+            )
+            labels = (
+                torch.empty(0, dtype=self._label_dtype).set_(torch.UntypedStorage._new_shared(n * 8)).view(n)
+            )
+            return Buffer(images, labels)
+        return Buffer(
+            torch.empty(self._images_shape, dtype=torch.uint8, pin_memory=self._pin),
+            torch.empty(n, dtype=self._label_dtype, pin_memory=self._pin),
+        )
+
+    def take(self) -> Buffer:
+        """A buffer free to fill: a reclaimed one, one whose GPU copy is waited for, or a new one."""
+        if not self._free and self._copying:
+            buf = self._copying.popleft()
+            buf.copied.synchronize()
+            buf.copied = None
+            self._free.append(buf)
+        # Last freed, first reused: its lines are the likeliest to be still in the CPU cache.
+        return self._free.pop() if self._free else self._allocate()
+
+    def lend(self, buf: Buffer, images: torch.Tensor) -> None:
+        """Hands `buf` to the user as the tensor `images` (and views of it)."""
+        if self.worker:
+            return
+        buf.lent = True
+        self._lent.append(buf)
+        weakref.finalize(images, self._let_go, buf).atexit = False
+
+    def give_back(self, buf: Buffer) -> None:
+        """Takes back a buffer free to fill: the iteration under way gets it if it is short
+        of buffers, the pool keeps it otherwise."""
+        if self.worker:
+            return
+        if self.active is None or not self.active.adopt(buf):
+            self._free.append(buf)
+
+    def _let_go(self, buf: Buffer) -> None:
+        """The yielded images tensor is going; if nothing else holds the buffer, it is free now."""
+        if buf.lent and not self._pin and buf.unreferenced(dying_images=_dying_view_count()):
+            buf.lent = False
+            self._lent.remove(buf)
+            self.give_back(buf)
+
+    def reclaim(self) -> None:
+        """Frees lent buffers the user has let go of (called by the consumer thread, whose
+        current CUDA stream is the one the user's copies were queued on)."""
+        let_go = [buf for buf in self._lent if buf.unreferenced()]
+        for buf in let_go:
+            buf.lent = False
+            self._lent.remove(buf)
+            if self._pin and torch.cuda.is_initialized():
+                buf.copied = torch.cuda.Event()
+                buf.copied.record()
+                self._copying.append(buf)
+            else:
+                self.give_back(buf)
+        while self._copying and self._copying[0].copied.query():
+            buf = self._copying.popleft()
+            buf.copied = None
+            self.give_back(buf)

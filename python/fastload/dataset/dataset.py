@@ -1,0 +1,310 @@
+"""`FastLoadDataset`: the epochs of one store for one rank (and DataLoader worker), their
+bookkeeping across processes (set_epoch, state_dict) and the loop that yields the batches."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from fastload.dataset.buffers import BufferPool
+from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
+from fastload.dataset.prefetch import Pass
+from fastload.store import PathLike, Store, _fspath, as_indices
+
+# Slots of the control block shared with DataLoader workers (see `_claim_epoch`).
+_NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = range(5)
+
+
+class FastLoadDataset(torch.utils.data.IterableDataset):
+    """Batches `(images, labels)` (uint8 N×H×W×C, labels float64 or int64) from a store, plus
+    the int64 record numbers when `return_indices=True`.
+
+    Use it with `DataLoader(ds, batch_size=None)` at `num_workers=0` (fastest: a Rust
+    thread keeps the next `prefetch` batches gathered while the training step runs), with worker
+    processes, or directly (`for images, labels in ds`). `len(ds)` is the number of batches
+    this rank yields per epoch.
+
+    Order per epoch: "random" (a fresh permutation from (seed, epoch)), "sequential" (store
+    order; the default when shuffle=False) or "block" (blocks of `block_size` consecutive
+    records shuffled, records shuffled within windows of `window` blocks: for stores larger
+    than RAM, where random page-cache misses dominate). The order depends only on (seed,
+    epoch, indices), never on the number of ranks or workers. Each new iteration advances the
+    epoch unless `set_epoch` is called, also in DataLoader workers (persistent or not); call
+    `set_epoch` each epoch anyway if you re-seed torch's random generator to the same value
+    before every epoch (workers tell epochs apart by the DataLoader's base seed).
+
+    Distributed: rank and world size come from `torch.distributed` when it is initialized
+    (create the dataset after `init_process_group`). Ranks get disjoint shares (apart from
+    padding records) and the same number of batches; see `RankPlan` for padding
+    (drop_last=False) and dropping (drop_last=True). DataLoader workers split the rank's
+    batches round-robin.
+
+    Resume: `state_dict()` is (seed, epoch, position = batches of that epoch already yielded
+    in this rank: `len(ds)` after its last batch, and (next epoch, 0) once the loop over it
+    has ended); `load_state_dict` makes the next iteration continue with exactly the batches
+    not yet seen. torchdata's `StatefulDataLoader` does this by itself, with or without workers:
+    inside a worker, the state is that worker's own progress through its share. A plain
+    DataLoader with workers makes batches in other processes, so this object cannot count
+    what the loop consumed: pass your own `{"seed": ds.seed, "epoch": epoch, "position":
+    batches_consumed}` to `load_state_dict`, which resumes exactly with workers too, since
+    the split among workers is deterministic.
+
+    Buffers: batches land in pinned memory when CUDA is available (or pin_memory=True), so
+    `.to("cuda", non_blocking=True)` is asynchronous, and buffers are reused only after every
+    tensor built on them is gone (and, for pinned ones, after the GPU copy queued on the
+    current stream has finished). In workers batches go to shared memory and are not pinned
+    (use the DataLoader's pin_memory there).
+
+    Prefetch: while the training step is slower than the gather, the next `prefetch` batches
+    are gathered during each step; while the loop waits for every batch, one is gathered
+    ahead (enough to keep the gather busy), so fewer buffers rotate through the CPU cache.
+    """
+
+    def __init__(
+        self,
+        store: Union[Store, PathLike],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        order: Optional[str] = None,
+        drop_last: bool = False,
+        indices: Any = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        prefetch: int = 2,
+        pin_memory: Optional[bool] = None,
+        return_indices: bool = False,
+        block_size: Optional[int] = None,
+        window: int = WINDOW_BLOCKS,
+    ):
+        if isinstance(store, Store):
+            self._store: Optional[Store] = store
+            self.path = str(store.path)
+        else:
+            self.path = _fspath(store, "store")
+            self._store = Store(self.path)
+        self._store_pid = os.getpid()
+        self._pool: Optional[BufferPool] = None
+        self.batch_size = positive_int(batch_size, "batch_size")
+        if order is None:
+            order = "random" if shuffle else "sequential"
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+        if not shuffle and order != "sequential":
+            raise ValueError(f"shuffle=False asks for sequential order, but order={order!r}")
+        self.order = order
+        self.seed = positive_int(seed, "seed", minimum=0)
+        self.drop_last = bool(drop_last)
+        count = len(self._store)
+        if indices is None:
+            self.indices = np.arange(count, dtype=np.int64)
+        else:
+            self.indices = as_indices(indices)
+            bad = self.indices[(self.indices < 0) | (self.indices >= count)]
+            if len(bad):
+                raise IndexError(
+                    f"indices out of range for {self.path} ({count} records): {bad[:5].tolist()}"
+                )
+        self.rank, self.world_size = self._distributed(rank, world_size)
+        self.prefetch = positive_int(prefetch, "prefetch")
+        cuda = torch.cuda.is_available()
+        if pin_memory and not cuda:
+            raise ValueError("pin_memory=True needs CUDA, which is not available")
+        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
+        self.return_indices = bool(return_indices)
+        self.block_size = (
+            max(1, -(-BLOCK_BYTES // self._store.image_nbytes))
+            if block_size is None
+            else positive_int(block_size, "block_size")
+        )
+        self.window = positive_int(window, "window")
+        self._plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
+        # Epoch bookkeeping lives in shared memory so set_epoch/load_state_dict reach
+        # DataLoader workers, persistent ones included, and workers can advance the epoch.
+        self._control = torch.tensor([0, -1, 0, 0, 0], dtype=torch.int64).share_memory_()
+        self._iterations = 0  # iterations started by this copy (worker generations)
+        # [epoch, position] of this copy's latest iteration; in a worker, position is where
+        # the worker's share continues (its next batch is position + worker id).
+        self._progress: Optional[list] = None
+        # A state loaded inside a DataLoader worker: that worker's alone, for its next iteration.
+        self._worker_resume: Optional[Tuple[int, int]] = None
+
+    @staticmethod
+    def _distributed(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+        dist = torch.distributed
+        initialized = dist.is_available() and dist.is_initialized()
+        if world_size is None:
+            world_size = dist.get_world_size() if initialized else 1
+        if rank is None:
+            rank = dist.get_rank() if initialized else 0
+        world_size = positive_int(world_size, "world_size")
+        rank = positive_int(rank, "rank", minimum=0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be < world_size, not rank={rank} with world_size={world_size}")
+        return rank, world_size
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+    def __repr__(self) -> str:
+        return (
+            f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "
+            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self)} batches)"
+        )
+
+    def __getstate__(self) -> dict:
+        # Pickles by path: each process maps the store itself.
+        state = self.__dict__.copy()
+        state["_store"] = state["_pool"] = None
+        state["_progress"] = None
+        return state
+
+    def _open(self) -> Store:
+        if self._store is None or self._store.closed or self._store_pid != os.getpid():
+            self._store, self._store_pid = Store(self.path), os.getpid()
+            self._pool = None
+        return self._store
+
+    def _buffers(self, store: Store, worker: bool) -> BufferPool:
+        """A worker's fresh pool, or the main process's pool, kept across epochs so that
+        steady state allocates (and pins) nothing. Buffers hold the largest batch, which is
+        smaller than batch_size when the rank's share is."""
+        capacity = max(1, self._plan.largest)
+        if worker:
+            return BufferPool(capacity, store.shape, store.label_dtype, pin=False, worker=True)
+        if self._pool is None:
+            self._pool = BufferPool(capacity, store.shape, store.label_dtype, self.pin_memory, worker=False)
+        return self._pool
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`)."""
+        ctl = self._control.numpy()
+        ctl[_NEXT_EPOCH] = positive_int(epoch, "epoch", minimum=0)
+        ctl[_RESUME_EPOCH] = -1
+        ctl[_GENERATION] = 0  # no worker generation can mistake the next one for itself
+        self._progress = None
+
+    def state_dict(self) -> dict:
+        """{"seed", "epoch", "position"}: where the next iteration would start to continue this
+        rank's batches; exact at num_workers=0 and, per worker, inside DataLoader workers (see
+        the class docstring)."""
+        if self._progress is not None:
+            epoch, position = self._progress[0], min(self._progress[1], len(self))
+        else:
+            ctl = self._control.numpy()
+            epoch = int(ctl[_NEXT_EPOCH])
+            position = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
+        return {"seed": self.seed, "epoch": int(epoch), "position": int(position)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Makes the next iteration continue epoch `state["epoch"]` after `position` batches."""
+        missing = {"seed", "epoch", "position"} - set(state)
+        if missing:
+            raise KeyError(f"state is missing {sorted(missing)}")
+        position = positive_int(state["position"], "position", minimum=0)
+        if position > len(self):
+            raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")
+        self.seed = positive_int(state["seed"], "seed", minimum=0)
+        epoch = positive_int(state["epoch"], "epoch", minimum=0)
+        if torch.utils.data.get_worker_info() is not None:
+            # A worker restoring its own progress (StatefulDataLoader): the other workers
+            # share the control block and restore theirs, so it stays out of it.
+            self._worker_resume, self._progress = (epoch, position), None
+            return
+        self.set_epoch(epoch)
+        ctl = self._control.numpy()
+        ctl[_RESUME_POSITION] = position
+        ctl[_RESUME_EPOCH] = ctl[_NEXT_EPOCH]
+
+    def _claim_epoch(self, worker: Optional[Any]) -> Tuple[int, int]:
+        """(epoch, first batch) of the iteration starting now, advancing the shared epoch.
+
+        In the main process that is plain. DataLoader workers of one loader iteration (a
+        "generation": same base seed, same iteration count of their copy) must agree on the
+        epoch without a lock: worker 0 alone advances it, writing the generation's epoch and
+        key before the next epoch; the others read the next epoch first and the key second,
+        so either they see worker 0's key (and take its epoch) or worker 0 has not yet
+        advanced (and the next epoch they read is the generation's). The base seed comes from
+        torch's random generator; if it is re-seeded identically before every epoch, two
+        generations look alike, which `set_epoch` (clearing the key) avoids."""
+        ctl = self._control.numpy()
+        if worker is not None and self._worker_resume is not None:
+            (epoch, start), self._worker_resume = self._worker_resume, None
+            self._iterations += 1
+            ctl[_NEXT_EPOCH] = epoch + 1  # every resumed worker writes the same value
+            return epoch, start
+        if worker is None:
+            epoch = int(ctl[_NEXT_EPOCH])
+            ctl[_NEXT_EPOCH] = epoch + 1
+        else:
+            generation = hash((worker.seed - worker.id, self._iterations)) or 1
+            self._iterations += 1
+            if worker.id == 0:
+                epoch = int(ctl[_NEXT_EPOCH])
+                ctl[_GENERATION_EPOCH] = epoch
+                ctl[_GENERATION] = generation
+                ctl[_NEXT_EPOCH] = epoch + 1
+            else:
+                epoch = int(ctl[_NEXT_EPOCH])
+                if ctl[_GENERATION] == generation:
+                    epoch = int(ctl[_GENERATION_EPOCH])
+        start = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
+        return epoch, start
+
+    def __iter__(self) -> Iterator[tuple]:
+        worker = torch.utils.data.get_worker_info()
+        store = self._open()
+        store.check_unchanged()
+        if worker is None:
+            return self._claimed_on_first_batch(store)
+        return self._iteration(store, worker)
+
+    def _claimed_on_first_batch(self, store: Store) -> Iterator[tuple]:
+        """The main process claims its epoch when the first batch is asked for, not at
+        `iter()`: torchdata's StatefulDataLoader, restoring a state saved after an epoch
+        ended, makes an iterator it never uses before the one it does."""
+        yield from self._iteration(store, None)
+
+    def _iteration(self, store: Store, worker: Optional[Any]) -> Iterator[tuple]:
+        epoch, start = self._claim_epoch(worker)
+        order = self._plan.pad(
+            epoch_order(self.indices, self.order, self.seed, epoch, self.block_size, self.window)
+        )
+        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        records, bounds = self._plan.batches(order, range(start + worker_id, len(self._plan), num_workers))
+        pool = self._buffers(store, worker is not None)
+        self._progress = [epoch, start]
+        return self._batches(store, records, bounds, pool, self._progress, num_workers, worker is None)
+
+    def _batches(
+        self,
+        store: Store,
+        records: np.ndarray,
+        bounds: np.ndarray,
+        pool: BufferPool,
+        progress: list,
+        step: int,
+        main: bool,
+    ) -> Iterator[tuple]:
+        """Yields the batches, counting them in `progress`. In the main process an iteration
+        that ran to its end hands the state back to the control block (next epoch, position
+        0); a worker keeps reporting its finished share (its restored iteration is empty)."""
+        prefetched = Pass(store, records, bounds, pool, self.prefetch)
+        try:
+            for _ in range(len(bounds) - 1):
+                # Held only in a list popped by the yield, so this suspended frame keeps no
+                # reference to the batch: once the caller drops it, its buffer goes straight back.
+                ready = [prefetched.next()]
+                k, ready[0] = ready[0][0], ready[0][1:]
+                progress[1] += step
+                if self.return_indices:
+                    ready[0] += (torch.from_numpy(records[bounds[k] : bounds[k + 1]].copy()),)
+                yield ready.pop()
+            if main and self._progress is progress:
+                self._progress = None
+        finally:
+            prefetched.close()

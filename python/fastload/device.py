@@ -1,0 +1,57 @@
+"""Moving batches to the accelerator: `to_device` sends uint8 and converts only on the
+device (augmentation on the device will live here too)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+
+def to_device(
+    images: torch.Tensor,
+    device: Union[str, torch.device],
+    dtype: torch.dtype = torch.float32,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    channels_last: bool = True,
+) -> torch.Tensor:
+    """Moves a uint8 N×H×W×C batch to `device` and only there makes it N×C×H×W `dtype`,
+    scaled to [0, 1] and normalized per channel with `mean`/`std` (in 0–1 units) when given.
+
+    Why: the host-to-device link is a real bottleneck (Thunderbolt ~5 GB/s, PCIe 4.0 x16
+    ~25 GB/s), and uint8 is a quarter of the bytes of float32. The copy is asynchronous
+    when the batch is in pinned memory. With channels_last=True the result keeps the
+    channels_last memory format that NHWC data has anyway (no transpose copy; fast for
+    convolutions on GPUs); otherwise it is made contiguous NCHW.
+    """
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+        raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype such as torch.float32, not {dtype!r}")
+    channels = images.shape[3]
+    mean_v = (0.0,) if mean is None else tuple(torch.as_tensor(mean, dtype=torch.float64).flatten().tolist())
+    std_v = (1.0,) if std is None else tuple(torch.as_tensor(std, dtype=torch.float64).flatten().tolist())
+    for name, value in (("mean", mean_v), ("std", std_v)):
+        if len(value) not in (1, channels):
+            raise ValueError(f"{name} must have 1 or {channels} values, not {len(value)}")
+    if 0.0 in std_v:
+        raise ValueError("std must not be zero")
+    x = images.to(device, non_blocking=images.is_pinned()).permute(0, 3, 1, 2).to(dtype)
+    scale, shift = _normalization(x.device, dtype, mean_v, std_v)
+    x.mul_(scale).sub_(shift)
+    return x if channels_last else x.contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _normalization(device: torch.device, dtype: torch.dtype, mean: tuple, std: tuple) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel scale and shift on `device`, made once per (device, dtype, mean, std): a
+    fresh small tensor per batch would be a synchronous host-to-device copy, queued behind the
+    batch's asynchronous one, so the host would wait for every batch to arrive."""
+    mean_t, std_t = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+    scale = (1.0 / (255.0 * std_t)).to(device=device, dtype=dtype).view(1, -1, 1, 1)
+    shift = (mean_t / std_t).to(device=device, dtype=dtype).view(1, -1, 1, 1)
+    return scale, shift
