@@ -15,6 +15,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import fastload.device
@@ -198,6 +200,33 @@ def test_rank_plan_with_fewer_records_than_ranks():
     plan = RankPlan(2, batch_size=4, rank=4, world_size=5, drop_last=False)
     assert len(plan) == 1
     assert plan.batch(plan.pad(np.array([7, 8])), 0).tolist() == [7]
+
+
+@given(
+    count=st.integers(0, 60),
+    batch_size=st.integers(1, 9),
+    world_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+    workers=st.integers(1, 3),
+    start=st.integers(0, 4),
+)
+def test_rank_plans_cut_the_epoch_into_consecutive_runs(count, batch_size, world_size, drop_last, workers, start):
+    """All ranks' k-th batches, rank after rank, continue the epoch order where the (k-1)-th
+    left off; every rank gets the same number of batches; a worker's share from a resume
+    position is its batches one after the other, with their bounds."""
+    order = np.arange(100, 100 + count)
+    plans = [RankPlan(count, batch_size, r, world_size, drop_last) for r in range(world_size)]
+    padded = plans[0].pad(order)
+    assert {len(p) for p in plans} == {len(plans[0])}
+    read = np.concatenate([p.batch(padded, k) for k in range(len(plans[0])) for p in plans] or [order[:0]])
+    np.testing.assert_array_equal(read, padded[: len(read)])
+    assert len(read) == (world_size * batch_size * (count // (world_size * batch_size)) if drop_last else len(padded))
+    for plan in plans:
+        ks = range(start, len(plan), workers)
+        records, bounds = plan.batches(padded, ks)
+        assert records.dtype == np.int64 and len(bounds) == len(ks) + 1 and bounds[-1] == len(records)
+        for j, k in enumerate(ks):
+            np.testing.assert_array_equal(records[bounds[j] : bounds[j + 1]], plan.batch(padded, k))
 
 
 def test_batches_equal_store_gather(store_path):
