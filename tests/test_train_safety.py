@@ -35,14 +35,14 @@ def _digest(path) -> str:
 
 
 def _cli(argv, capsys):
-    """(exit status, stderr) of `fastload` with ``argv``, usage errors (SystemExit) included."""
+    """(exit status, stderr, stdout) of `fastload` with ``argv``, usage errors (SystemExit) included."""
     try:
         status = cli.main(argv)
     except SystemExit as exc:
         status = exc.code
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "Traceback" not in err
-    return status, err
+    return status, err, out
 
 
 def _train_argv(store, *extra):
@@ -114,7 +114,7 @@ def test_cli_json_log_that_is_an_input_or_the_checkpoint_is_refused(clash, own_s
         "--resume": ["--resume", os.fspath(ckpt)],
         "--monotone-inputs": ["--monotone-inputs", os.fspath(inputs)],
     }[clash]
-    status, err = _cli(argv, capsys)
+    status, err, out = _cli(argv, capsys)
     named = {"store": "the store", "--checkpoint": "the --checkpoint", "--resume": "the --resume checkpoint"}
     assert (
         status == 1 and "--json-log" in err and f"is {named.get(clash, 'the --monotone-inputs file')}" in err
@@ -124,7 +124,7 @@ def test_cli_json_log_that_is_an_input_or_the_checkpoint_is_refused(clash, own_s
 
 def test_cli_json_log_that_is_a_checkpoint_not_written_yet_is_refused(own_store, tmp_path, capsys):
     same = os.fspath(tmp_path / "out")
-    status, err = _cli(_train_argv(own_store, "--checkpoint", same, "--json-log", same), capsys)
+    status, err, out = _cli(_train_argv(own_store, "--checkpoint", same, "--json-log", same), capsys)
     assert status == 1 and "--json-log" in err and "is the --checkpoint" in err
     assert not os.path.exists(same)
 
@@ -200,12 +200,12 @@ def test_a_batch_too_large_for_ram_is_refused_before_data_is_read(store_path, mo
     ],
 )
 def test_cli_out_of_bounds_options_are_usage_errors(flag, value, message, store_path, capsys):
-    status, err = _cli(["train", os.fspath(store_path), "--device", "cpu", flag, value], capsys)
+    status, err, out = _cli(["train", os.fspath(store_path), "--device", "cpu", flag, value], capsys)
     assert status == 2 and message in err
 
 
 def test_cli_batch_too_large_for_ram_exits_1(store_path, capsys):
-    status, err = _cli(_train_argv(store_path, "--batch-size", str(2**50)), capsys)
+    status, err, out = _cli(_train_argv(store_path, "--batch-size", str(2**50)), capsys)
     assert status == 1 and "batch_size must be between 1 and" in err and "GB of RAM" in err
 
 
@@ -221,10 +221,10 @@ def test_a_diverging_run_says_so(store_path, monkeypatch):
 
 def test_cli_answers_memory_error_with_a_message(store_path, monkeypatch, capsys):
     monkeypatch.setattr(store_mod, "info", lambda path: np.empty(2**62, np.uint8))
-    status, err = _cli(["info", os.fspath(store_path)], capsys)
+    status, err, out = _cli(["info", os.fspath(store_path)], capsys)
     assert status == 1 and err.startswith("fastload info: error: out of memory: Unable to allocate")
     monkeypatch.setattr(train_mod, "fit", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
-    status, err = _cli(_train_argv(store_path), capsys)
+    status, err, out = _cli(_train_argv(store_path), capsys)
     assert status == 1 and err == "fastload train: error: out of memory\n"
 
 
@@ -242,8 +242,15 @@ def test_unwritable_checkpoint_folder_fails_before_the_first_epoch(store_path, c
     with pytest.raises(OSError, match=rf"checkpoint {checkpoint}: (Permission denied|Read-only)"):
         fit(store_path, checkpoint=checkpoint, log=logged.append, **FAST)
     assert logged == []
-    status, err = _cli(_train_argv(store_path, "--checkpoint", checkpoint), capsys)
-    assert status == 1 and checkpoint in err and "epoch" not in capsys.readouterr().out
+    status, err, out = _cli(_train_argv(store_path, "--checkpoint", checkpoint), capsys)
+    assert status == 1 and checkpoint in err and "epoch" not in out
+
+
+@pytest.mark.skipif(not os.path.isdir(UNWRITABLE_DIR), reason="needs /sys")
+def test_cli_unwritable_json_log_fails_before_the_first_epoch(store_path, capsys):
+    log = os.path.join(UNWRITABLE_DIR, "log.jsonl")
+    status, err, out = _cli(_train_argv(store_path, "--json-log", log), capsys)
+    assert status == 1 and log in err and "epoch" not in out
 
 
 def test_checkpoint_in_a_path_under_a_file_is_refused(store_path, tmp_path):

@@ -11,10 +11,11 @@ dataset's pinned buffers), so the copy runs while the GPU still computes step k;
 synchronizes per step. On CPU it is a plain loop: the dataset's Rust thread already gathers the
 next batches in the background.
 
-Checkpoints (written atomically: temporary file, fsync, ``os.replace``) hold the model, optimizer,
-gradient scaler and dataset state, the epoch and step, the partial epoch's metrics and the RNG
-states. Resuming continues with exactly the batches the stopped run had not yet trained on, so a
-run stopped mid-epoch and resumed ends with the same parameters as one that never stopped.
+Checkpoints (written atomically: a locked temporary file, fsync, ``os.replace``) hold the model,
+optimizer, gradient scaler and dataset state, the epoch and step, the partial epoch's metrics, the
+RNG states and a fingerprint of the stores trained on. Resuming continues with exactly the batches
+the stopped run had not yet trained on, so a run stopped mid-epoch and resumed ends with the same
+parameters as one that never stopped; resuming on other records is refused.
 """
 
 from __future__ import annotations
@@ -632,7 +633,10 @@ def fit(
     for the call (small models on a few busy cores run several times faster with 1: every
     OpenMP region waits for its slowest, possibly descheduled, thread; the loader's Rust
     threads need cores too). ``progress`` draws a bar on stderr
-    (default: when stderr is a terminal). Bad input raises ValueError before training starts.
+    (default: when stderr is a terminal). Bad input raises ValueError before any data is read:
+    options out of their bounds (:func:`option_problem`; ``batch_size`` also by this machine's
+    RAM), a ``checkpoint`` that is one of the inputs, or a ``resume`` from another store's run;
+    an unwritable checkpoint folder raises OSError naming the checkpoint, before the first epoch.
     """
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be one of {', '.join(AMP_DTYPES)}, not {amp!r}")
