@@ -110,9 +110,35 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_option(name: str, parse=int):
+    """An argparse type checking a train option against fit's own bounds, so the usage error
+    names the flag (`argument --workers: must be between 0 and 8 (...), not 500`)."""
+
+    def convert(text: str):
+        from fastload import train
+
+        value = parse(text)
+        problem = train.option_problem(name, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    convert.__name__ = parse.__name__  # argparse: "invalid int value: 'x'"
+    return convert
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from fastload import train
 
+    inputs = {
+        "store": args.store,
+        "--val store": args.val,
+        "--monotone-inputs file": args.monotone_inputs,
+        "--val-monotone-inputs file": args.val_monotone_inputs,
+    }
+    train.check_outputs({"--checkpoint": args.checkpoint}, inputs)
+    read = {**inputs, "--checkpoint": args.checkpoint, "--resume checkpoint": args.resume}
+    train.check_outputs({"--json-log": args.json_log}, read)
     result = train.fit(
         args.store,
         val=args.val,
@@ -238,20 +264,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     val = p.add_mutually_exclusive_group()
     val.add_argument("--val", metavar="STORE", help="a separate validation store")
-    val.add_argument("--val-fraction", type=float, default=0.1, help="share of STORE held out (default 0.1)")
-    p.add_argument("--epochs", type=int, default=10, help="default 10")
-    p.add_argument("--batch-size", type=int, default=64, help="default 64")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    val.add_argument(
+        "--val-fraction",
+        type=_train_option("val_fraction", float),
+        default=0.1,
+        help="share of STORE held out (default 0.1)",
+    )
+    p.add_argument("--epochs", type=_train_option("epochs"), default=10, help="default 10")
+    p.add_argument("--batch-size", type=_train_option("batch_size"), default=64, help="default 64")
+    p.add_argument(
+        "--lr", type=_train_option("lr", float), default=3e-3, help="peak AdamW learning rate (default 3e-3)"
+    )
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine", help="learning-rate schedule")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     p.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off", help="mixed precision")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers; 0 = Rust threads only")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--workers", type=_train_option("workers"), default=0, help="DataLoader workers; 0 = Rust threads only"
+    )
+    p.add_argument(
+        "--threads", type=_train_option("threads"), help="torch CPU threads (default: torch's choice)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", metavar="PATH", help="save here at every epoch end (atomically)")
-    p.add_argument("--checkpoint-every", type=int, metavar="N", help="also save every N steps")
+    p.add_argument(
+        "--checkpoint-every",
+        type=_train_option("checkpoint_every"),
+        metavar="N",
+        help="also save every N steps",
+    )
     p.add_argument("--resume", metavar="PATH", help="continue a run from its checkpoint, mid-epoch included")
-    p.add_argument("--max-steps", type=int, metavar="N", help="stop (and save) after N steps in total")
+    p.add_argument(
+        "--max-steps",
+        type=_train_option("max_steps"),
+        metavar="N",
+        help="stop (and save) after N steps in total",
+    )
     p.add_argument(
         "--monotone-inputs",
         metavar="NPY",
@@ -260,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--val-monotone-inputs", metavar="NPY", help="the same for the --val store")
     p.add_argument("--backbone", choices=("small-cnn", "resnet18"), default="small-cnn", help="(needs torchvision)")
-    p.add_argument("--size", type=int, help="downscale images to SIZExSIZE on the device before the backbone")
+    p.add_argument(
+        "--size",
+        type=_train_option("size"),
+        help="downscale images to SIZExSIZE on the device before the backbone",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line per epoch instead of text")
     p.add_argument("--json-log", metavar="PATH", help="append one JSON line per epoch to PATH")
     p.set_defaults(run=_cmd_train)
@@ -294,6 +345,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     except (StoreError, OSError, ValueError, TypeError, ImportError) as exc:
         print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except MemoryError as exc:  # e.g. a store too large for this machine's RAM
+        detail = f": {exc}" if str(exc) else ""
+        print(f"fastload {args.command}: error: out of memory{detail}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)

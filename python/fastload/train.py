@@ -11,19 +11,23 @@ dataset's pinned buffers), so the copy runs while the GPU still computes step k;
 synchronizes per step. On CPU it is a plain loop: the dataset's Rust thread already gathers the
 next batches in the background.
 
-Checkpoints (written atomically: temporary file, fsync, ``os.replace``) hold the model, optimizer,
-gradient scaler and dataset state, the epoch and step, the partial epoch's metrics and the RNG
-states. Resuming continues with exactly the batches the stopped run had not yet trained on, so a
-run stopped mid-epoch and resumed ends with the same parameters as one that never stopped.
+Checkpoints (written atomically: a locked temporary file, fsync, ``os.replace``) hold the model,
+optimizer, gradient scaler and dataset state, the epoch and step, the partial epoch's metrics, the
+RNG states and a fingerprint of the stores trained on. Resuming continues with exactly the batches
+the stopped run had not yet trained on, so a run stopped mid-epoch and resumed ends with the same
+parameters as one that never stopped; resuming on other records is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import math
 import os
 import random
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -34,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastload.bench import usable_cores
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.monotonic import MonotonicRegressor
 from fastload.progress import ProgressLine
-from fastload.store import PathLike, Store, _fspath
+from fastload.store import PathLike, Store, _fspath, _is_int, machine_memory
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 BACKBONES = ("small-cnn", "resnet18")
@@ -49,6 +54,71 @@ LABEL_MARGIN = 0.1
 NORMALIZATION_SAMPLE = 512
 SCHEDULES = ("cosine", "constant")
 WARMUP_SHARE = 0.05  # cosine schedule: linear warm-up over this share of the steps
+# Bounds on the options, so a slip (--threads 100000, --workers 500, --size 100000) is refused
+# before anything runs instead of crashing torch, exhausting memory or leaving workers behind.
+MAX_THREADS, MAX_WORKERS, PER_CORE = 256, 64, 4
+MAX_LR = 10.0  # AdamW moves every parameter by about lr a step: beyond this it diverges at once
+MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB before any layer
+# Host bytes a training step holds per image byte of its batch: the uint8 buffers in flight
+# (the one in use and the prefetched ones) and the float32 copy the model reads.
+BATCH_BYTES_PER_IMAGE_BYTE = 8
+PARTIAL_SUFFIX = ".fastload-partial"  # as the store writer's temporary files
+HEADER_SIZE = 4096  # docs/FORMAT.md: the header page, ending with its own checksum
+CHECKSUM_SECTION_FIELD = 80  # docs/FORMAT.md: offset and length (u64 each) of the record checksums
+
+
+def _integer_bounds() -> dict:
+    """name -> (lowest, highest or None, why the highest) of fit's integer options."""
+    cores = usable_cores()
+    per_core = f"{PER_CORE} per core on this machine, at most"
+    return {
+        "epochs": (1, None, ""),
+        "batch_size": (1, None, ""),
+        "max_steps": (1, None, ""),
+        "checkpoint_every": (1, None, ""),
+        "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
+        "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
+        "size": (8, MAX_SIZE, "a larger image does not fit a backbone's memory"),
+    }
+
+
+def option_problem(name: str, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for fit's option ``name`` ("must be between 0 and 8 (...),
+    not 500"), or None. Shared with the command line, whose messages name the flag."""
+    if name in ("lr", "weight_decay", "val_fraction"):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return f"must be a number, not {value!r}"
+        if name == "val_fraction":
+            return None if 0 < value < 1 else f"must be between 0 and 1 (exclusive), not {value}"
+        if name == "weight_decay":
+            return None if 0 <= value < math.inf else f"must be a finite number, at least 0, not {value}"
+        return None if 0 < value <= MAX_LR else f"must be above 0 and at most {MAX_LR:g}, not {value}"
+    low, high, why = _integer_bounds()[name]
+    if not _is_int(value):
+        return f"must be an integer, not {value!r}"
+    if high is None:
+        return None if value >= low else f"must be at least {low}, not {value}"
+    return None if low <= value <= high else f"must be between {low} and {high} ({why}), not {value}"
+
+
+def _check_options(**options: Any) -> None:
+    for name, value in options.items():
+        problem = None if value is None else option_problem(name, value)
+        if problem:
+            raise ValueError(f"{name} {problem}")
+
+
+def _check_batch_memory(batch_size: int, store: Store) -> None:
+    """Refuses a batch whose buffers cannot fit in this machine's RAM (when it is known)."""
+    per_record = BATCH_BYTES_PER_IMAGE_BYTE * store.image_nbytes
+    ram = machine_memory()
+    if ram and batch_size * per_record > ram:
+        h, w, c = store.shape
+        raise ValueError(
+            f"batch_size must be between 1 and {ram // per_record:,} for {h}x{w}x{c} records of "
+            f"{store.path} (a step holds about {per_record:,} bytes per record, this machine has "
+            f"{ram / 1e9:.1f} GB of RAM), not {batch_size:,}"
+        )
 
 
 def learning_rate(schedule: str, lr: float, step: int, total_steps: int) -> float:
@@ -208,21 +278,155 @@ def _set_rng_state(state: dict) -> None:
     random.setstate((3, tuple(words), gauss))
 
 
-def _save_atomically(obj: dict, path: str) -> None:
-    """torch.save into a temporary file beside ``path``, fsync, then rename over it: a crash
-    leaves either the previous checkpoint or the new one, never half of one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    partial = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.partial")
+def _same_file(a: str, b: str) -> bool:
     try:
-        with open(partial, "wb") as f:
+        return os.path.samefile(a, b)  # by device and inode: symlinks and hard links included
+    except OSError:  # one does not exist (yet): the same file only where both lead to one place
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(outputs: dict, inputs: dict) -> None:
+    """Refuses an output path (name -> path or None) that is one of the input files (name ->
+    path, Store, array or None), compared by inode rather than spelling, so a run can never
+    replace or append to its own store, validation store or inputs."""
+    paths = {}
+    for name, source in inputs.items():
+        source = source.path if isinstance(source, Store) else source
+        if isinstance(source, (str, os.PathLike)):
+            paths[name] = os.fspath(source)
+    for out_name, out in outputs.items():
+        if out is None:
+            continue
+        out = _fspath(out, out_name)
+        for name, path in paths.items():
+            if _same_file(out, path):
+                raise ValueError(
+                    f"{out_name} {out} is the {name} {path}: training would overwrite it; choose another path"
+                )
+
+
+def _partial_prefix(path: str) -> Tuple[str, str]:
+    directory, name = os.path.split(os.path.abspath(path))
+    return directory, f".{name}."
+
+
+def _remove_stale_partials(path: str) -> None:
+    """Removes the temporary files left beside ``path`` by runs that died while saving: those
+    whose lock nobody holds (a live save holds the lock on its own until it is renamed)."""
+    directory, prefix = _partial_prefix(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX)):
+            continue
+        partial = os.path.join(directory, name)
+        try:
+            fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(partial)
+        except OSError:
+            pass  # held by a live save, or already gone
+        finally:
+            os.close(fd)
+
+
+def _open_partial(path: str) -> Tuple[int, str]:
+    """A new temporary file ``.NAME.<random>.fastload-partial`` beside ``path``, created with
+    O_EXCL and locked (flock) for as long as the descriptor is open. Errors name ``path``."""
+    directory, prefix = _partial_prefix(path)
+    while True:
+        partial = os.path.join(directory, f"{prefix}{os.urandom(8).hex()}{PARTIAL_SUFFIX}")
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot create a file beside the checkpoint {path}: {exc.strerror}"
+            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Another run's cleanup may have removed it between creation and lock: start again.
+        with contextlib.suppress(OSError):
+            if os.stat(partial).st_ino == os.fstat(fd).st_ino:
+                return fd, partial
+        os.close(fd)
+
+
+def _check_checkpoint_path(path: str) -> None:
+    """Before the first epoch: the checkpoint's folder exists and takes a new file."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise ValueError(f"checkpoint {path}: its directory does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint {path} is a directory")
+    _remove_stale_partials(path)
+    fd, partial = _open_partial(path)
+    os.unlink(partial)
+    os.close(fd)
+
+
+def _save_atomically(obj: dict, path: str) -> None:
+    """torch.save into a locked temporary file beside ``path``, fsync, then rename over it: a
+    crash leaves either the previous checkpoint or the new one, never half of one, and the
+    next save removes the temporary file of a run killed while saving."""
+    _remove_stale_partials(path)
+    fd, partial = _open_partial(path)
+    try:
+        with os.fdopen(fd, "wb") as f:  # closing it releases the lock, after the rename
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.exists(partial):
+            os.replace(partial, path)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
         raise
+    with contextlib.suppress(OSError):  # the rename itself survives a power loss
+        directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def store_fingerprint(store: Store) -> str:
+    """SHA-256 of a store's header page (which ends with the header's own checksum) and of its
+    record checksums: stores with the same fingerprint hold the same records and labels."""
+    with open(store.path, "rb") as f:
+        header = f.read(HEADER_SIZE)
+        offset, length = struct.unpack_from("<QQ", header, CHECKSUM_SECTION_FIELD)
+        digest = hashlib.sha256(header)
+        f.seek(offset)
+        while length > 0:
+            chunk = f.read(min(length, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            length -= len(chunk)
+    return digest.hexdigest()
+
+
+def _check_same_stores(resume: str, saved: dict, stores: dict) -> None:
+    """Refuses to resume on stores other than the ones the checkpoint was trained on
+    (checkpoints written before fingerprints were recorded are compared by config alone)."""
+    for what, now in stores.items():
+        then = saved.get("stores", stores)[what]
+        if then is None and now is None:
+            continue
+        if then is None or now is None:
+            with_or_without = "without" if then is None else "with"
+            raise ValueError(f"{resume}: the checkpoint was written for a run {with_or_without} a {what}")
+        if then["fingerprint"] != now["fingerprint"]:
+            raise ValueError(
+                f"{resume}: the checkpoint was trained on the {what} {then['path']}, and {now['path']} "
+                "holds different records; resume with the store it was trained on"
+            )
 
 
 def _load_checkpoint(path: PathLike) -> dict:
@@ -429,32 +633,43 @@ def fit(
     for the call (small models on a few busy cores run several times faster with 1: every
     OpenMP region waits for its slowest, possibly descheduled, thread; the loader's Rust
     threads need cores too). ``progress`` draws a bar on stderr
-    (default: when stderr is a terminal). Bad input raises ValueError before training starts.
+    (default: when stderr is a terminal). Bad input raises ValueError before any data is read:
+    options out of their bounds (:func:`option_problem`; ``batch_size`` also by this machine's
+    RAM), a ``checkpoint`` that is one of the inputs, or a ``resume`` from another store's run;
+    an unwritable checkpoint folder raises OSError naming the checkpoint, before the first epoch.
     """
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be one of {', '.join(AMP_DTYPES)}, not {amp!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, not {value!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, not {lr!r}")
-    if workers < 0:
-        raise ValueError(f"workers must be >= 0, not {workers}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, not {checkpoint_every}")
-    if size is not None and size < 8:
-        raise ValueError(f"size must be at least 8 pixels, not {size}")
+    _check_options(
+        epochs=epochs,
+        batch_size=batch_size,
+        max_steps=max_steps,
+        checkpoint_every=checkpoint_every,
+        threads=threads,
+        workers=workers,
+        size=size,
+        lr=lr,
+        weight_decay=weight_decay,
+        val_fraction=None if val is not None else val_fraction,
+    )
     resolved = resolve_device(device)
     amp_dtype = AMP_DTYPES[amp]
+    inputs = {
+        "store": store,
+        "validation store": val,
+        "monotone inputs": monotone_inputs,
+        "validation monotone inputs": val_monotone_inputs,
+    }
     if checkpoint is not None:
         checkpoint = _fspath(checkpoint, "checkpoint")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(checkpoint))):
-            raise ValueError(f"checkpoint {checkpoint}: its directory does not exist")
+        check_outputs({"checkpoint": checkpoint}, inputs)
+        _check_checkpoint_path(checkpoint)
     saved = _load_checkpoint(resume) if resume is not None else None
 
     train_store = _open_regression_store(store, "store")
+    _check_batch_memory(batch_size, train_store)
     if val is not None:
         val_store = _open_regression_store(val, "validation store")
         if val_store.shape[2] != train_store.shape[2]:
@@ -462,10 +677,18 @@ def fit(
                 f"validation store {val_store.path} has {val_store.shape[2]} channels, "
                 f"the training store {train_store.shape[2]}"
             )
+        _check_batch_memory(batch_size, val_store)
+    stores = {
+        "store": {"path": str(train_store.path), "fingerprint": store_fingerprint(train_store)},
+        "validation store": None
+        if val is None
+        else {"path": str(val_store.path), "fingerprint": store_fingerprint(val_store)},
+    }
+    if saved is not None:
+        _check_same_stores(_fspath(resume), saved, stores)
+    if val is not None:
         train_idx, val_idx = np.arange(len(train_store)), np.arange(len(val_store))
     else:
-        if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction must be in [0, 1), not {val_fraction}")
         val_store = train_store
         train_idx, val_idx = split_indices(train_store, val_fraction, seed=seed)
         train_idx, val_idx = np.asarray(train_idx), np.asarray(val_idx)
@@ -525,8 +748,6 @@ def fit(
             "resume with the same store, split, monotone inputs and options"
         )
 
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, not {threads}")
     previous_deterministic = torch.are_deterministic_algorithms_enabled()
     previous_threads = torch.get_num_threads()
     if deterministic:
@@ -547,6 +768,7 @@ def fit(
             optimizer=optimizer,
             scaler=scaler,
             config=config,
+            stores=stores,
             saved=saved,
             train_ds=FastLoadDataset(train_store, batch_size, seed=seed, indices=train_idx, **loading),
             val_ds=FastLoadDataset(val_store, batch_size, shuffle=False, indices=val_idx, **loading),
@@ -596,6 +818,7 @@ def _run(
     optimizer,
     scaler,
     config,
+    stores,
     saved,
     train_ds,
     val_ds,
@@ -642,6 +865,7 @@ def _run(
             {
                 "format": CHECKPOINT_FORMAT,
                 "config": config,
+                "stores": stores,
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict(),
@@ -673,15 +897,26 @@ def _run(
             partial = None
         bar = _Progress(progress, epoch, epochs, len(train_ds))
         for x, y, m in _device_batches(train_loader, train_prep, meter):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                pred = model(x, m)
-            loss = F.mse_loss(pred.float(), y)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, total_steps)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            rate = learning_rate(step, total_steps)
+            try:
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    pred = model(x, m)
+                loss = F.mse_loss(pred.float(), y)
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            except (IndexError, RuntimeError):
+                # A NaN weight or BatchNorm statistic makes the lattice look up a cell at index -2**63.
+                state = [t for t in model.state_dict().values() if t.is_floating_point()]
+                if all(torch.isfinite(t).all() for t in state):
+                    raise
+                raise ValueError(
+                    f"training diverged at step {step + 1}: the model's weights or statistics are "
+                    f"no longer finite at learning rate {rate:g}; lower lr"
+                ) from None
             meter.loss_sum += loss.detach().double() * len(y)
             meter.samples += len(y)
             meter.steps += 1
@@ -739,7 +974,12 @@ def epoch_logger(
     json_lines: bool = False, json_log: Optional[PathLike] = None, stream: Optional[TextIO] = None
 ):
     """A ``log`` callable for :func:`fit`: a line per epoch on ``stream`` (default: the current
-    stdout; JSON or human) and, with ``json_log``, a JSON line appended to that file."""
+    stdout; JSON or human) and, with ``json_log``, a JSON line appended to that file, which is
+    opened (created if missing) now, so an unwritable path fails before the first epoch."""
+    if json_log is not None:
+        json_log = _fspath(json_log, "json_log")
+        with open(json_log, "a", encoding="utf-8"):
+            pass
 
     def log(metrics: dict) -> None:
         line = json.dumps(metrics)
@@ -747,7 +987,7 @@ def epoch_logger(
         out.write((line if json_lines else format_epoch(metrics)) + "\n")
         out.flush()
         if json_log is not None:
-            with open(_fspath(json_log, "json_log"), "a", encoding="utf-8") as f:
+            with open(json_log, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
     return log
@@ -756,9 +996,12 @@ def epoch_logger(
 __all__ = [
     "FitResult",
     "build_model",
+    "check_outputs",
     "epoch_logger",
     "fit",
     "format_epoch",
     "load_monotone_inputs",
+    "option_problem",
     "prepare_images",
+    "store_fingerprint",
 ]
