@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastload.bench import usable_cores
+from fastload.bench.machine import usable_cores
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.monotonic import MonotonicRegressor
 from fastload.progress import ProgressLine
