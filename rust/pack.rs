@@ -15,14 +15,26 @@
 //!   (antialiased; the same as Pillow's `Image.LANCZOS`);
 //! - images over [`MAX_PIXELS`] pixels, or whose decoding would allocate more than
 //!   [`MAX_DECODE_ALLOC`] bytes, are refused (decompression bombs), and so are files
-//!   larger than [`MAX_DECODE_ALLOC`] (they are read whole before decoding).
+//!   larger than [`MAX_DECODE_ALLOC`] (they are read whole before decoding);
+//! - a path that is not a regular file (a named pipe, a device, a folder swapped in after
+//!   the folder walk) is refused as that file's failure: files are opened non-blocking and
+//!   checked with `fstat`, so a pipe never blocks a thread;
+//! - all the decodes of one [`Decoder`] share one memory budget ([`DECODE_MEMORY_BUDGET`]):
+//!   a decode reserves its estimated peak bytes (from the image header) before decoding, so
+//!   memory does not grow with the number of threads; an image whose estimate exceeds the
+//!   whole budget waits for it and decodes alone;
+//! - a chunk can be interrupted: the calling thread polls a `stop` callback and no further
+//!   file is started once it answers true (the files already decoding finish first).
 
 use std::cell::Cell;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{Cursor, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, Once};
+use std::time::Duration;
 
 use fast_image_resize::images::{CroppedImageMut, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
@@ -40,6 +52,12 @@ pub const MAX_PIXELS: u64 = 100_000_000;
 pub const MAX_DECODE_ALLOC: u64 = 1 << 30;
 /// Colour that transparent pixels are composited on.
 pub const ALPHA_BACKGROUND: [u8; 3] = [255, 255, 255];
+/// Most bytes the decodes of one [`Decoder`] hold at once, all threads together: 2 GiB.
+pub const DECODE_MEMORY_BUDGET: u64 = 2 << 30;
+/// Most decoding threads per core: more only adds threads (and their stacks) that wait.
+pub const MAX_WORKERS_PER_CORE: usize = 4;
+/// How often the calling thread asks `stop` while a chunk decodes.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How an image of another aspect ratio is fitted to the record's height × width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,25 +101,107 @@ impl ResizeSpec {
 /// Source bytes read, or why the file did not become a record.
 pub type Outcome = std::result::Result<u64, String>;
 
+/// Bytes in flight, shared by threads: a counting semaphore on bytes, with its peak.
+pub struct ByteBudget {
+    limit: u64,
+    usage: Mutex<Usage>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct Usage {
+    reserved: u64,
+    peak: u64,
+}
+
+/// Bytes held from a [`ByteBudget`] until dropped.
+pub struct Reservation<'a> {
+    budget: &'a ByteBudget,
+    bytes: u64,
+}
+
+impl ByteBudget {
+    pub fn new(limit: u64) -> ByteBudget {
+        ByteBudget {
+            limit,
+            usage: Mutex::new(Usage::default()),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits until `bytes` are free and holds them. A request over the whole budget is
+    /// cut to the budget: it waits until nothing else is held and then runs alone.
+    pub fn reserve(&self, bytes: u64) -> Reservation<'_> {
+        let bytes = bytes.min(self.limit);
+        // A poisoned lock only means a thread panicked holding it; the counts stay right.
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        while usage.reserved + bytes > self.limit {
+            usage = self.freed.wait(usage).unwrap_or_else(|e| e.into_inner());
+        }
+        usage.reserved += bytes;
+        usage.peak = usage.peak.max(usage.reserved);
+        Reservation {
+            budget: self,
+            bytes,
+        }
+    }
+
+    /// Most bytes held at once so far.
+    pub fn peak(&self) -> u64 {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).peak
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut usage = self.budget.usage.lock().unwrap_or_else(|e| e.into_inner());
+        usage.reserved -= self.bytes;
+        self.budget.freed.notify_all();
+    }
+}
+
 /// Decodes and resizes files into record slots, in parallel.
 pub struct Decoder {
     spec: ResizeSpec,
     /// A pool of the size the user asked for; `None` uses the process's shared pool.
     pool: Option<rayon::ThreadPool>,
+    /// Shared by every thread of every chunk.
+    budget: ByteBudget,
+}
+
+/// Most threads a pack may ask for on this machine, and the machine's cores.
+pub fn max_workers() -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (MAX_WORKERS_PER_CORE * cores, cores)
 }
 
 impl Decoder {
-    /// `workers`: threads of a dedicated pool, or `None` for the process's pool.
+    /// `workers`: threads of a dedicated pool (1 to [`max_workers`]), or `None` for the
+    /// process's pool. The decodes share [`DECODE_MEMORY_BUDGET`] bytes.
     pub fn new(spec: ResizeSpec, workers: Option<usize>) -> Result<Decoder> {
+        Decoder::with_memory_budget(spec, workers, DECODE_MEMORY_BUDGET)
+    }
+
+    /// Like [`Decoder::new`], with the decodes sharing `budget` bytes.
+    pub fn with_memory_budget(
+        spec: ResizeSpec,
+        workers: Option<usize>,
+        budget: u64,
+    ) -> Result<Decoder> {
         if spec.height == 0 || spec.width == 0 {
             return Err(Error::Value(format!(
                 "image size must be positive, not {}x{}",
                 spec.height, spec.width
             )));
         }
+        let (most, cores) = max_workers();
         let pool = match workers {
             None => None,
-            Some(0) => return Err(Error::Value("workers must be at least 1".into())),
+            Some(n) if n == 0 || n > most => {
+                return Err(Error::Value(format!(
+                    "workers must be between 1 and {most} (this machine has {cores} cores), not {n}"
+                )))
+            }
             Some(n) => Some(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n)
@@ -110,7 +210,11 @@ impl Decoder {
                     .map_err(|e| Error::Value(format!("cannot start {n} worker threads: {e}")))?,
             ),
         };
-        Ok(Decoder { spec, pool })
+        Ok(Decoder {
+            spec,
+            pool,
+            budget: ByteBudget::new(budget),
+        })
     }
 
     /// Threads that decode.
@@ -120,9 +224,21 @@ impl Decoder {
             .map_or_else(pool::num_threads, |p| p.current_num_threads())
     }
 
+    /// Most decode bytes held at once so far, all threads together.
+    pub fn peak_reserved(&self) -> u64 {
+        self.budget.peak()
+    }
+
     /// Decodes `paths[i]` into record slot `i` of `out` (at least `paths.len()` records long).
-    /// A slot whose file failed holds unspecified bytes.
-    pub fn decode_into(&self, paths: &[PathBuf], out: &mut [u8]) -> Result<Vec<Outcome>> {
+    /// A slot whose file failed holds unspecified bytes. The calling thread calls `stop`
+    /// every [`POLL_INTERVAL`] meanwhile (for Ctrl-C); once it returns true no further file
+    /// is started, the files decoding finish, and the result is `None`.
+    pub fn decode_into(
+        &self,
+        paths: &[PathBuf],
+        out: &mut [u8],
+        mut stop: impl FnMut() -> bool,
+    ) -> Result<Option<Vec<Outcome>>> {
         let image_len = self.spec.image_len();
         let needed = paths.len() * image_len;
         if out.len() < needed {
@@ -133,19 +249,41 @@ impl Decoder {
             )));
         }
         let spec = self.spec;
+        let budget = &self.budget;
+        let stopped = AtomicBool::new(false);
         let work = || {
             out[..needed]
                 .par_chunks_mut(image_len)
                 .zip(paths.par_iter())
                 .map_init(Resizer::new, |resizer, (slot, path)| {
-                    guarded(|| load_into(path, &spec, slot, resizer))
+                    if stopped.load(Ordering::Relaxed) {
+                        return Err("interrupted".into());
+                    }
+                    guarded(|| load_into(path, &spec, slot, resizer, budget))
                 })
-                .collect()
+                .collect::<Vec<Outcome>>()
         };
-        Ok(match &self.pool {
-            Some(p) => p.install(work),
-            None => pool::install(work),
-        })
+        let caller = std::thread::current();
+        let outcomes = std::thread::scope(|scope| {
+            let decoding = scope.spawn(|| {
+                let outcomes = match &self.pool {
+                    Some(p) => p.install(work),
+                    None => pool::install(work),
+                };
+                caller.unpark();
+                outcomes
+            });
+            while !decoding.is_finished() {
+                std::thread::park_timeout(POLL_INTERVAL);
+                if !decoding.is_finished() && !stopped.load(Ordering::Relaxed) && stop() {
+                    stopped.store(true, Ordering::Relaxed);
+                }
+            }
+            decoding
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        Ok((!stopped.into_inner()).then_some(outcomes))
     }
 }
 
@@ -185,20 +323,59 @@ fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
     })
 }
 
-/// Reads, decodes and resizes one file into `slot`; returns the bytes read.
-fn load_into(path: &Path, spec: &ResizeSpec, slot: &mut [u8], resizer: &mut Resizer) -> Outcome {
+/// Reads, decodes and resizes one file into `slot`, holding its estimated memory from
+/// `budget` while it decodes; returns the bytes read.
+fn load_into(
+    path: &Path,
+    spec: &ResizeSpec,
+    slot: &mut [u8],
+    resizer: &mut Resizer,
+    budget: &ByteBudget,
+) -> Outcome {
     let bytes = read_image_file(path)?;
-    let rgb = decode_rgb(&bytes)?;
+    let decoder = image_decoder(&bytes)?;
+    let _held = budget.reserve(decode_footprint(&decoder, bytes.len(), spec));
+    let rgb = to_rgb(decoder)?;
     resize_into(&rgb, spec, slot, resizer)?;
     Ok(bytes.len() as u64)
+}
+
+/// Estimated peak bytes of decoding and resizing one image, from its header: the file,
+/// the decoded pixels twice (orientation copies them), the RGBA and RGB conversions, and
+/// the resizer's intermediate image (the larger of its two passes, both counted).
+fn decode_footprint(decoder: &impl ImageDecoder, file_len: usize, spec: &ResizeSpec) -> u64 {
+    let (width, height) = decoder.dimensions();
+    let (width, height) = (u64::from(width), u64::from(height));
+    let intermediate = (height * u64::from(spec.width) + width * u64::from(spec.height)) * 3;
+    file_len as u64 + 2 * decoder.total_bytes() + width * height * 7 + intermediate
 }
 
 /// The file's bytes, after checking from its first bytes that it is an image at all
 /// (so a large non-image file is not read whole).
 fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
     let cannot_read = |e: std::io::Error| format!("cannot read: {e}");
-    let mut file = File::open(path).map_err(cannot_read)?;
-    let len = file.metadata().map_err(cannot_read)?.len();
+    // Non-blocking, so that a named pipe put here after the folder walk cannot block the
+    // open; reads of a regular file ignore the flag.
+    let mut file: File = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(cannot_read)?;
+    let metadata = file.metadata().map_err(cannot_read)?;
+    let kind = metadata.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a named pipe"
+        } else if kind.is_dir() {
+            "a folder"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else {
+            "a socket or other special file"
+        };
+        return Err(format!("not a regular file ({what})"));
+    }
+    let len = metadata.len();
     if len == 0 {
         return Err("empty file".into());
     }
@@ -220,8 +397,8 @@ fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Decodes an encoded image to RGB with its EXIF orientation applied.
-fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
+/// The decoder of an encoded image, its header read and checked against the size limits.
+fn image_decoder(bytes: &[u8]) -> std::result::Result<impl ImageDecoder + '_, String> {
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| format!("cannot read: {e}"))?;
@@ -232,7 +409,7 @@ fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_DECODE_ALLOC);
     reader.limits(limits);
-    let mut decoder = reader.into_decoder().map_err(describe)?;
+    let decoder = reader.into_decoder().map_err(describe)?;
     let (width, height) = decoder.dimensions();
     if u64::from(width) * u64::from(height) > MAX_PIXELS {
         return Err(format!(
@@ -243,6 +420,11 @@ fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
     if width == 0 || height == 0 {
         return Err(format!("the image has no pixels ({width}x{height})"));
     }
+    Ok(decoder)
+}
+
+/// Decodes to RGB with the EXIF orientation applied.
+fn to_rgb(mut decoder: impl ImageDecoder) -> std::result::Result<RgbImage, String> {
     let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
     let mut image = DynamicImage::from_decoder(decoder).map_err(describe)?;
     image.apply_orientation(orientation);
@@ -364,6 +546,10 @@ mod tests {
         out.into_inner()
     }
 
+    fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
+        to_rgb(image_decoder(bytes)?)
+    }
+
     fn spec(height: u32, width: u32, mode: ResizeMode) -> ResizeSpec {
         ResizeSpec {
             height,
@@ -400,7 +586,10 @@ mod tests {
         );
         let decoder = Decoder::new(spec(4, 4, ResizeMode::Squash), Some(2)).unwrap();
         let mut out = vec![0u8; 4 * 48];
-        let outcomes = decoder.decode_into(&paths, &mut out).unwrap();
+        let outcomes = decoder
+            .decode_into(&paths, &mut out, || false)
+            .unwrap()
+            .unwrap();
         assert_eq!(outcomes[0], Ok(png.len() as u64));
         assert!(out[..48].chunks(3).all(|px| px == [200, 0, 0]));
         assert_eq!(outcomes[1], Err("empty file".into()));
@@ -539,9 +728,112 @@ mod tests {
     fn rejects_a_short_buffer_and_zero_workers() {
         let decoder = Decoder::new(spec(2, 2, ResizeMode::Squash), None).unwrap();
         assert!(decoder
-            .decode_into(&[PathBuf::from("x")], &mut [0u8; 11])
+            .decode_into(&[PathBuf::from("x")], &mut [0u8; 11], || false)
             .is_err());
         assert!(Decoder::new(spec(2, 2, ResizeMode::Squash), Some(0)).is_err());
+        let (most, cores) = max_workers();
+        let err = Decoder::new(spec(2, 2, ResizeMode::Squash), Some(most + 1))
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "workers must be between 1 and {most} (this machine has {cores} cores), not {}",
+                most + 1
+            )
+        );
+        assert!(Decoder::new(spec(2, 2, ResizeMode::Squash), Some(most)).is_ok());
         assert!(Decoder::new(spec(0, 2, ResizeMode::Squash), None).is_err());
+    }
+
+    fn noise_png(side: u32, seed: u32) -> Vec<u8> {
+        let image = RgbImage::from_fn(side, side, |x, y| {
+            let v = (x * 31 + y * 17 + seed * 7) as u8;
+            Rgb([v, v.wrapping_mul(3), v ^ 0x5a])
+        });
+        encode(&DynamicImage::ImageRgb8(image), ImageFormat::Png)
+    }
+
+    #[test]
+    fn decodes_share_one_memory_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(String, Vec<u8>)> = (0..24)
+            .map(|i| (format!("{i}.png"), noise_png(64 + i, i)))
+            .collect();
+        let named: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+        let paths = write_files(dir.path(), &named);
+        let spec = spec(8, 8, ResizeMode::Squash);
+        let one = image_decoder(&files[23].1).unwrap();
+        let largest = decode_footprint(&one, files[23].1.len(), &spec);
+        // Room for two of the larger images at a time, with four threads wanting more.
+        let budget = 2 * largest + 1000;
+        let decoder = Decoder::with_memory_budget(spec, Some(4), budget).unwrap();
+        let mut out = vec![0u8; paths.len() * spec.image_len()];
+        let outcomes = decoder
+            .decode_into(&paths, &mut out, || false)
+            .unwrap()
+            .unwrap();
+        assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
+        let peak = decoder.peak_reserved();
+        assert!(peak <= budget, "peak {peak} over the budget {budget}");
+        assert!(peak > largest, "the decodes never overlapped: peak {peak}");
+        // An image over the whole budget still decodes, alone.
+        let tiny = Decoder::with_memory_budget(spec, Some(4), 10).unwrap();
+        let outcomes = tiny
+            .decode_into(&paths, &mut out, || false)
+            .unwrap()
+            .unwrap();
+        assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
+        assert_eq!(tiny.peak_reserved(), 10);
+    }
+
+    #[test]
+    fn a_named_pipe_fails_at_once_instead_of_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("swapped.jpg");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let err = read_image_file(&fifo).unwrap_err();
+        assert_eq!(err, "not a regular file (a named pipe)");
+        assert_eq!(
+            read_image_file(dir.path()).unwrap_err(),
+            "not a regular file (a folder)"
+        );
+    }
+
+    #[test]
+    fn stop_ends_a_chunk_without_starting_more_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let png = noise_png(512, 1);
+        let named: Vec<(String, Vec<u8>)> =
+            (0..64).map(|i| (format!("{i}.png"), png.clone())).collect();
+        let named: Vec<(&str, Vec<u8>)> =
+            named.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+        let paths = write_files(dir.path(), &named);
+        let spec = spec(8, 8, ResizeMode::Squash);
+        let decoder = Decoder::new(spec, Some(1)).unwrap();
+        let mut out = vec![0u8; paths.len() * spec.image_len()];
+        let mut polls = 0;
+        let started = std::time::Instant::now();
+        let result = decoder
+            .decode_into(&paths, &mut out, || {
+                polls += 1;
+                true
+            })
+            .unwrap();
+        assert!(result.is_none());
+        assert_eq!(polls, 1);
+        let stopped_after = started.elapsed();
+        let started = std::time::Instant::now();
+        decoder
+            .decode_into(&paths, &mut out, || false)
+            .unwrap()
+            .unwrap();
+        assert!(
+            stopped_after * 4 < started.elapsed(),
+            "stopping took {stopped_after:?}"
+        );
     }
 }

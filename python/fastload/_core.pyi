@@ -13,6 +13,8 @@ MAX_META_LEN: int
 PACK_MAX_PIXELS: int
 PACK_MAX_DECODE_ALLOC: int
 PACK_ALPHA_BACKGROUND: bytes  # RGB
+PACK_DECODE_MEMORY_BUDGET: int  # bytes all decode threads of one pack hold at once
+PACK_MAX_WORKERS: int  # 4 x this machine's cores
 
 class StoreError(Exception):
     """A store file is missing, unreadable, damaged, or not a fastload store."""
@@ -91,4 +93,6 @@ class PackDecoder:
     def num_threads(self) -> int: ...
     def decode_into(
         self, paths: Sequence[_Path], out: npt.NDArray[np.uint8]
-    ) -> List[Tuple[int, Optional[str]]]: ...
+    ) -> List[Tuple[int, Optional[str]]]:
+        """Checks signals while decoding: Ctrl-C raises KeyboardInterrupt within about a file's decode."""
+        ...

@@ -84,6 +84,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         strict=args.strict,
         overwrite=args.overwrite,
         skip_unlabelled=args.skip_unlabelled,
+        follow_symlinks=args.follow_symlinks,
         quiet=args.quiet,
     )
     if not args.quiet:
@@ -226,14 +227,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="squash: stretch; crop: scale the short side, cut the centre (default); pad: letterbox with --fill",
     )
     p.add_argument("--fill", type=_fill, default=(0, 0, 0), metavar="N|R,G,B", help="pad colour (default 0)")
-    p.add_argument("--labels", metavar="FILE.csv", help="CSV of relative/path,label rows (header optional)")
+    p.add_argument(
+        "--labels",
+        metavar="FILE.csv",
+        help="CSV of relative/path,label rows, at most 128 MiB; paths are taken as written (spaces "
+        "included); the first row is a header only if its label is not a number and its path names no file",
+    )
     p.add_argument(
         "--label-dtype", choices=("float64", "int64"), help="default: int64 for classes and integer CSVs"
     )
-    p.add_argument("--workers", type=_positive_int, help="decoding threads (default: all cores)")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        help="decoding threads (default: all cores; at most 4 per core); they share one 2 GiB decode-memory budget",
+    )
     p.add_argument("--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed")
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
     p.add_argument("--skip-unlabelled", action="store_true", help="leave out images without a label")
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="follow symbolic links that point outside SRC (links into SRC are always followed; "
+        "a link to a folder containing SRC, such as /, never is)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     p.set_defaults(run=_cmd_pack)
 

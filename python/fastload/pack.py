@@ -5,15 +5,19 @@ files straight into one of two reused record buffers, without the GIL, while a w
 thread appends the previous chunk to the store from the other.
 Decoding choices (format sniffed from the bytes, EXIF orientation applied, alpha on
 white, Lanczos3 antialiased resampling like Pillow's `Image.LANCZOS`, a 100-megapixel /
-1 GiB limit against decompression bombs) are documented in `rust/pack.rs`.
+1 GiB limit against decompression bombs, one decode-memory budget shared by all threads,
+named pipes and devices refused without blocking) are documented in `rust/pack.rs`.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import posixpath
+import re
+import stat
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +43,16 @@ MAX_CHUNK_RECORDS = 256
 MAX_CHUNK_BYTES = 256 << 20
 #: Problems listed in one error message before the rest are only counted.
 MAX_LISTED = 20
+#: Largest labels CSV read (its rows are held in memory); every name must fit the store's
+#: 64 MiB metadata anyway.
+MAX_LABELS_CSV_BYTES = 128 << 20
+#: Labels of an int64 store.
+INT64_RANGE = range(-(2**63), 2**63)
+#: Why a symbolic link out of SRC is not followed by default.
+LINK_OUTSIDE_SRC = "symbolic link to outside SRC (pass follow_symlinks=True / --follow-symlinks to follow)"
+#: Characters never printed raw: C0 and C1 controls, DEL, line and paragraph separators,
+#: and the bidirectional overrides that reorder what a terminal shows.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class BadFilesError(ValueError):
@@ -75,14 +89,14 @@ class PackReport:
     def __str__(self) -> str:
         h, w, c = self.shape
         lines = [
-            f"packed {self.records:,} image{'' if self.records == 1 else 's'} ({h}x{w}x{c}) into {self.path} "
+            f"packed {self.records:,} image{'' if self.records == 1 else 's'} ({h}x{w}x{c}) into "
+            f"{_printable(str(self.path))} "
             f"({_megabytes(self.store_bytes)}) in {self.seconds:.1f} s: "
             f"{self.files_per_second:,.0f} files/s, {self.mb_per_second:,.1f} MB/s read"
         ]
         if self.skipped:
-            reasons = [f"{name}: {reason}" for name, reason in self.skipped]
             lines.append(f"skipped {len(self.skipped):,} file(s) (all listed in the store's meta['skipped']):")
-            lines.append(_listed(reasons, limit=50)[1:])
+            lines.append(_listed(_named(self.skipped), limit=50)[1:])
         return "\n".join(lines)
 
 
@@ -95,8 +109,19 @@ def _megabytes(n: int) -> str:
 
 
 def _display(name: str) -> str:
-    """A file name that JSON and terminals accept (undecodable bytes become U+FFFD)."""
+    """A file name that JSON accepts (undecodable bytes become U+FFFD), as stored in the metadata."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _printable(name: str) -> str:
+    """A file name safe to print to a terminal: `_display`, with control characters
+    escaped as `repr` does (\\x1b, \\r, \\n), so a name cannot move the cursor or recolour."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), _display(name))
+
+
+def _named(problems: Sequence[Tuple[str, str]]) -> List[str]:
+    """`file: reason` lines, the names made printable."""
+    return [f"{_printable(name)}: {reason}" for name, reason in problems]
 
 
 def _listed(problems: Sequence[str], limit: Optional[int] = MAX_LISTED) -> str:
@@ -107,9 +132,25 @@ def _listed(problems: Sequence[str], limit: Optional[int] = MAX_LISTED) -> str:
     return f"\n  {shown}{more}"
 
 
-def _walk(src: Path, exclude: Optional[str]) -> Tuple[List[str], List[Tuple[str, str]], List[str]]:
+def _link_refusal(link: str, real_src: Path, follow_symlinks: bool) -> Optional[str]:
+    """Why the symbolic link `link` is not followed, or None. A link into SRC is followed;
+    one to a folder containing SRC (`/`, a parent) never, as it would walk SRC's
+    surroundings; any other link out of SRC only with `follow_symlinks`. A broken link
+    gets its own reason from the walk."""
+    target = Path(os.path.realpath(link))
+    if target.is_relative_to(real_src) or not target.exists():
+        return None
+    if real_src.is_relative_to(target):
+        return "symbolic link to a folder that contains SRC (a loop; never followed)"
+    return None if follow_symlinks else LINK_OUTSIDE_SRC
+
+
+def _walk(
+    src: Path, exclude: Optional[str], follow_symlinks: bool = False
+) -> Tuple[List[str], List[Tuple[str, str]], List[str]]:
     """Every regular file under `src` as a relative POSIX path (sorted), the entries that
     cannot be images with the reason, and the top-level folders (candidate classes)."""
+    real_src = Path(os.path.realpath(src))
     files: List[str] = []
     skipped: List[Tuple[str, str]] = []
     top_folders: List[str] = []
@@ -132,8 +173,11 @@ def _walk(src: Path, exclude: Optional[str]) -> Tuple[List[str], List[Tuple[str,
             except OSError as exc:
                 skipped.append((rel, f"not a regular file: {exc.strerror}"))
                 continue
+            refusal = entry.is_symlink() and _link_refusal(entry.path, real_src, follow_symlinks)
             if entry.name.startswith("."):
                 skipped.append((rel, f"hidden {'folder' if is_dir else 'file'}"))
+            elif refusal:
+                skipped.append((rel, refusal))
             elif is_dir:
                 st = entry.stat()
                 if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
@@ -159,22 +203,39 @@ def _parse_label(text: str, dtype: str) -> Union[int, float]:
     text = text.strip()
     if not text:
         raise ValueError("empty label")
+    out_of_int64 = f"label {text!r} is out of int64 range (pass label_dtype='float64' / --label-dtype float64)"
     if dtype == "int64":
         try:
-            return int(text)
+            whole = int(text)
         except ValueError:
             pass
+        else:
+            if whole not in INT64_RANGE:
+                raise ValueError(out_of_int64)
+            return whole
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"label {text!r} is not a number") from None
+    if math.isinf(value) and text.lstrip("+-").lower() not in ("inf", "infinity"):
+        raise ValueError(f"label {text!r} is out of float64 range")
     if not math.isfinite(value):
         raise ValueError(f"label {text!r} is not a finite number")
     if dtype == "int64":
         if not value.is_integer():
             raise ValueError(f"label {text!r} is not a whole number (label_dtype int64)")
+        if int(value) not in INT64_RANGE:
+            raise ValueError(out_of_int64)
         return int(value)
     return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _is_int(text: str) -> bool:
@@ -185,23 +246,47 @@ def _is_int(text: str) -> bool:
         return False
 
 
+def _read_csv_bytes(csv_path: Path) -> bytes:
+    """The labels file's bytes: a regular file (a named pipe would block) of at most
+    `MAX_LABELS_CSV_BYTES`, checked on the opened file and while reading."""
+    limit = f"over the {MAX_LABELS_CSV_BYTES >> 20} MiB limit for a labels CSV"
+    fd = os.open(csv_path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{csv_path}: not a regular file (the labels must be a CSV file)")
+        if st.st_size > MAX_LABELS_CSV_BYTES:
+            raise ValueError(f"{csv_path}: {st.st_size / 2**20:,.0f} MiB, {limit}")
+        data = f.read(MAX_LABELS_CSV_BYTES + 1)
+    if len(data) > MAX_LABELS_CSV_BYTES:
+        raise ValueError(f"{csv_path}: grew while read, {limit}")
+    return data
+
+
+def _name_in_csv(cell: str, src: Path) -> str:
+    """The relative POSIX path a CSV path cell names, taken as written (spaces included)."""
+    name = os.path.relpath(cell, src) if os.path.isabs(cell) else cell
+    return posixpath.normpath(name.replace(os.sep, "/"))
+
+
 def _read_label_csv(
     csv_path: Path, src: Path, files: set, label_dtype: Optional[str]
 ) -> Tuple[Dict[str, Union[int, float]], str]:
     """Labels by relative path from a `path,label` CSV (header row optional, UTF-8 with or
-    without BOM, LF or CRLF), and the label dtype. Every bad row is reported with its line."""
+    without BOM, LF or CRLF), and the label dtype. Every bad row is reported with its line.
+    The first row is a header only when its label is not a number and its path names no
+    file under `src`; any other bad first row is reported like the rest."""
     try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
+        text = _read_csv_bytes(csv_path).decode("utf-8-sig")
+        reader = csv.reader(io.StringIO(text, newline=""))
+        rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{csv_path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except csv.Error as exc:
         raise ValueError(f"{csv_path}: not a CSV file: {exc}") from None
     if rows and len(rows[0][1]) == 2:
-        try:
-            _parse_label(rows[0][1][1], "float64")
-        except ValueError:
+        path, label = rows[0][1]
+        if not _is_number(label) and _name_in_csv(path, src) not in files:
             rows = rows[1:]  # a header row
     if label_dtype is None:
         label_dtype = "int64" if all(len(r) == 2 and _is_int(r[1]) for _, r in rows) else "float64"
@@ -212,19 +297,17 @@ def _read_label_csv(
         if len(row) != 2:
             problems.append(f"line {line}: expected 2 columns (path,label), found {len(row)}")
             continue
-        name = row[0].strip()
-        if os.path.isabs(name):
-            name = os.path.relpath(name, src)
-        name = posixpath.normpath(name.replace(os.sep, "/"))
+        name = _name_in_csv(row[0], src)
+        shown = _printable(name)
         try:
             value = _parse_label(row[1], label_dtype)
         except ValueError as exc:
-            problems.append(f"line {line}: {name}: {exc}")
+            problems.append(f"line {line}: {shown}: {exc}")
             continue
         if name in first_line:
-            problems.append(f"line {line}: {name} already has a label on line {first_line[name]}")
+            problems.append(f"line {line}: {shown} already has a label on line {first_line[name]}")
         elif name not in files:
-            problems.append(f"line {line}: {name} does not exist in {src}")
+            problems.append(f"line {line}: {shown} does not exist in {src}")
         else:
             first_line[name] = line
             labels[name] = value
@@ -277,7 +360,7 @@ def _split_unlabelled(
     if unlabelled and not skip_unlabelled:
         raise ValueError(
             f"{len(unlabelled)} image(s) have no label: {hint}. Label them, or pass "
-            f"skip_unlabelled=True (--skip-unlabelled) to leave them out:{_listed(unlabelled)}"
+            f"skip_unlabelled=True (--skip-unlabelled) to leave them out:{_listed([_printable(f) for f in unlabelled])}"
         )
     return todo, left_out
 
@@ -305,7 +388,13 @@ def _as_size(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
         raise ValueError(f"size must be an int or (height, width), not {size!r}")
     if not all(0 < s < 2**16 for s in pair):
         raise ValueError(f"size must be between 1 and 65535 pixels, not {size!r}")
-    return int(pair[0]), int(pair[1])
+    height, width = int(pair[0]), int(pair[1])
+    if height * width * 3 > MAX_CHUNK_BYTES:
+        raise ValueError(
+            f"size {height}x{width}: one record takes {height * width * 3 / 2**20:,.0f} MiB, over the "
+            f"{MAX_CHUNK_BYTES >> 20} MiB one chunk of records may hold; pack at a smaller size"
+        )
+    return height, width
 
 
 def _as_fill(fill: Union[int, Sequence[int]]) -> Tuple[int, int, int]:
@@ -345,6 +434,7 @@ def pack(
     strict: bool = False,
     overwrite: bool = False,
     skip_unlabelled: bool = False,
+    follow_symlinks: bool = False,
     quiet: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> PackReport:
@@ -359,15 +449,25 @@ def pack(
     folders (`src/CLASS/...`: the label is the index of CLASS in sorted order, and the
     names go to `meta["class_names"]`). `label_dtype` is "int64" or "float64" (default:
     int64 for classes and all-integer CSVs). An image without a label is an error
-    unless `skip_unlabelled`.
+    unless `skip_unlabelled`. In the CSV (at most 128 MiB), paths are taken as written,
+    spaces included; labels may have spaces around them and must fit their dtype (a
+    label out of int64 or float64 range names its line). The first row is a header only
+    when its label is not a number and its path names no file; any other bad row,
+    the first included, is reported with its line.
 
-    Files that cannot be packed (not images, corrupt, truncated, hidden, ...) are
-    skipped and listed with their reason in the report and in `meta["skipped"]`;
-    with `strict`, any such file makes the pack fail (BadFilesError) naming them all.
-    `workers` sets the decoding threads (default: all cores). A progress bar goes to
-    stderr when it is a terminal and not `quiet`; `progress(done, total)` is called
-    after each chunk. Nothing appears at `dest` unless the whole pack succeeds, and an
-    existing `dest` is replaced only with `overwrite`.
+    Files that cannot be packed (not images, corrupt, truncated, hidden, not regular
+    files, ...) are skipped and listed with their reason in the report and in
+    `meta["skipped"]`; with `strict`, any such file makes the pack fail (BadFilesError)
+    naming them all. Names are printed with control characters escaped. Symbolic links
+    into `src` are followed; links out of it are skipped unless `follow_symlinks`, and a
+    link to a folder that contains `src` (such as `/`) is never followed.
+
+    `workers` sets the decoding threads (default: all cores; at most 4 per core); all of
+    them share one decode-memory budget (2 GiB, `_core.PACK_DECODE_MEMORY_BUDGET`), and
+    records are at most 256 MiB. A progress bar goes to stderr when it is a terminal and
+    not `quiet`; `progress(done, total)` is called after each chunk. Ctrl-C stops a pack
+    within about one file's decoding time. Nothing appears at `dest` unless the whole
+    pack succeeds, and an existing `dest` is replaced only with `overwrite`.
 
     The command `fastload pack` exits 0 on success (skipped files are listed, not
     fatal), 1 on failure (bad files with --strict, unreadable source, no images, bad
@@ -385,14 +485,15 @@ def pack(
         raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, not {resize!r}")
     if label_dtype is not None and label_dtype not in LABEL_DTYPES:
         raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise ValueError(f"workers must be a positive int, not {workers!r}")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool)):
+        raise ValueError(f"workers must be an int, not {workers!r}")
+    decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
     _check_paths(src, dest, csv_path, overwrite)
 
     exclude = None
     if csv_path is not None and Path(os.path.realpath(csv_path)).is_relative_to(os.path.realpath(src)):
         exclude = Path(os.path.relpath(os.path.realpath(csv_path), os.path.realpath(src))).as_posix()
-    files, skipped, top_folders = _walk(src, exclude)
+    files, skipped, top_folders = _walk(src, exclude, follow_symlinks)
 
     by_path, label_dtype, class_names, unlabelled_hint = _find_labels(
         src, csv_path, files, skipped, top_folders, label_dtype
@@ -400,7 +501,7 @@ def pack(
     todo, left_out = _split_unlabelled(files, by_path, skip_unlabelled, unlabelled_hint)
     skipped += left_out
     if not todo:
-        raise ValueError(f"{src}: no images to pack" + (_listed([f"{n}: {r}" for n, r in skipped]) if skipped else ""))
+        raise ValueError(f"{src}: no images to pack" + (_listed(_named(skipped)) if skipped else ""))
     # Every file name goes into the metadata: find out now, not after hours of decoding, if they fit.
     names_bytes = sum(len(_display(f).encode()) + 4 for f in files) + sum(len(n) + 64 for n, _ in skipped)
     if names_bytes > _core.MAX_META_LEN:
@@ -409,7 +510,6 @@ def pack(
             f"{_core.MAX_META_LEN >> 20} MiB metadata limit; pack the folder as several stores"
         )
 
-    decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
     chunk = max(1, min(FILES_PER_THREAD * decoder.num_threads, MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // (height * width * 3)))
     # Two record buffers: the writer thread appends one chunk while the next is decoded into
     # the other, so no core idles while a chunk is written (both calls release the GIL).
@@ -457,13 +557,13 @@ def pack(
             if strict and bad:
                 raise BadFilesError(
                     f"{len(bad)} file(s) in {src} cannot be packed (strict): nothing was written:"
-                    + _listed([f"{n}: {r}" for n, r in bad], limit=None),
+                    + _listed(_named(bad), limit=None),
                     bad,
                 )
             if not sources:
                 raise ValueError(
                     f"{src}: none of the {len(todo)} image(s) could be packed:"
-                    + _listed([f"{n}: {r}" for n, r in failed])
+                    + _listed(_named(failed))
                 )
             writer.meta["sources"] = sources
             writer.meta["skipped"] = [{"file": _display(n), "reason": r} for n, r in skipped]

@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 
 use super::to_py;
 use crate::pack::{
-    Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND, MAX_DECODE_ALLOC, MAX_PIXELS,
+    max_workers, Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND, DECODE_MEMORY_BUDGET,
+    MAX_DECODE_ALLOC, MAX_PIXELS,
 };
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -16,6 +17,8 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PACK_MAX_PIXELS", MAX_PIXELS)?;
     m.add("PACK_MAX_DECODE_ALLOC", MAX_DECODE_ALLOC)?;
     m.add("PACK_ALPHA_BACKGROUND", ALPHA_BACKGROUND)?;
+    m.add("PACK_DECODE_MEMORY_BUDGET", DECODE_MEMORY_BUDGET)?;
+    m.add("PACK_MAX_WORKERS", max_workers().0)?;
     Ok(())
 }
 
@@ -34,8 +37,15 @@ impl CoreDecoder {
         width: u32,
         mode: &str,
         fill: [u8; 3],
-        workers: Option<usize>,
+        workers: Option<i64>,
     ) -> PyResult<Self> {
+        let workers = workers
+            .map(|n| {
+                usize::try_from(n).map_err(|_| {
+                    PyValueError::new_err(format!("workers must be at least 1, not {n}"))
+                })
+            })
+            .transpose()?;
         let mode = ResizeMode::from_name(mode).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "resize must be 'squash', 'crop' or 'pad', not {mode:?}"
@@ -58,7 +68,9 @@ impl CoreDecoder {
     }
 
     /// Decodes `paths[i]` into record `i` of `out` (uint8, C-contiguous), GIL released.
-    /// Returns one (bytes read, None) or (0, reason) per path.
+    /// Returns one (bytes read, None) or (0, reason) per path. Signals are checked while
+    /// the files decode, so Ctrl-C raises KeyboardInterrupt here within about a file's
+    /// decoding time.
     fn decode_into(
         &self,
         py: Python<'_>,
@@ -68,9 +80,18 @@ impl CoreDecoder {
         let out = out
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+        let mut signal = None;
         let outcomes = py
-            .detach(|| self.inner.decode_into(&paths, out))
+            .detach(|| {
+                self.inner.decode_into(&paths, out, || {
+                    signal = Python::attach(|py| py.check_signals()).err();
+                    signal.is_some()
+                })
+            })
             .map_err(to_py)?;
+        let Some(outcomes) = outcomes else {
+            return Err(signal.expect("decoding stops only on a signal"));
+        };
         Ok(outcomes
             .into_iter()
             .map(|o| match o {
