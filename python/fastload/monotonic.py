@@ -358,7 +358,8 @@ class Lattice(nn.Module):
     Input (N, D) with dimension d in [0, lattice_sizes[d] - 1] (clamped outside); output (N,).
     ``monotonicities[d]`` is 1 for non-decreasing along d, 0 for free. With ``output_min`` and
     ``output_max`` the vertex values, hence the outputs, stay inside the bounds. Monotone under
-    rounding in the first monotone dimension, up to rounding in the others. Each sample costs 2^D
+    rounding in the first monotone dimension, up to a stated rounding bound in the others (module
+    docstring). Each sample costs 2^D
     corners and parameters grow as prod(lattice_sizes): for more than a handful of inputs use
     :class:`LatticeEnsemble`.
     """
