@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 
@@ -19,6 +20,7 @@ from fastload.monotonic import (
     MonotoneLinear,
     MonotonicRegressor,
     PWLCalibrator,
+    check_finite_parameters,
     check_monotone,
 )
 
@@ -218,6 +220,130 @@ def test_regressor_is_monotone_for_any_parameters(monotone, bounded, scale, seed
     assert worst == 0.0 if monotone == 1 else worst <= _tolerance(y)
     if bounded:
         assert y.min() >= bounds[0] and y.max() <= bounds[1]
+
+
+# ------------------------------------------------------------- exact under a bound (the sigmoid)
+
+
+def test_bounded_lattice_first_monotone_input_is_exact_for_200_seeds():
+    """torch.sigmoid rounds its vectorised body and its tail differently; applied after the
+    envelopes it split their exact ties and 29 of these 200 lattices decreased by up to 6e-8."""
+    values = torch.linspace(-0.1, 2.1, 301)
+    worst = 0.0
+    for seed in range(200):
+        torch.manual_seed(seed)
+        lattice = Lattice([3, 3, 3, 3], [1, 0, 0, 0], 0.0, 1.0)
+        generator = torch.Generator().manual_seed(seed)
+        base = _base_points([3] * 4, 64, generator)
+        with torch.no_grad():
+            lattice.bank.raw.copy_(3 * torch.randn(lattice.bank.raw.shape, generator=generator))
+            y = _sweep(lattice, base, 0, values)
+        worst = max(worst, (y[:-1] - y[1:]).max().item())
+    assert worst <= 0.0
+
+
+@PROPERTY
+# All keypoints tie; sigmoid's scalar tail (elements 32..) rounds these first values 1 ulp below
+# (above) its vectorised body, which gave f(31) > f(32) (f(31) < f(32) for the decreasing one).
+@example(num_keypoints=40, monotonicity=1, first=-1.173715591430664, tie_fraction=1.0, seed=0)
+@example(num_keypoints=40, monotonicity=-1, first=2.2051610946655273, tie_fraction=1.0, seed=0)
+@given(
+    num_keypoints=st.integers(33, 80),  # longer than one vectorised block of sigmoid
+    monotonicity=st.sampled_from([-1, 1]),
+    first=st.floats(-8, 8),
+    tie_fraction=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+)
+def test_bounded_calibrator_with_ties_is_exactly_monotone(
+    num_keypoints, monotonicity, first, tie_fraction, seed
+):
+    cal = PWLCalibrator(num_keypoints, 0.0, 1.0, monotonicity, 0.0, 1.0)
+    generator = torch.Generator().manual_seed(seed)
+    steps = torch.randn(num_keypoints - 1, generator=generator) - 12
+    ties = torch.rand(num_keypoints - 1, generator=generator) < tie_fraction
+    with torch.no_grad():
+        cal.raw.copy_(torch.cat([torch.tensor([first]), torch.where(ties, -200.0, steps)]))
+        y = cal(torch.cat([cal.keypoints, torch.rand(64, generator=generator)]).sort().values)
+    _assert_nondecreasing(monotonicity * y, eps=0.0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(scale=SCALES, seed=st.integers(0, 2**16))
+def test_bounded_regressor_with_one_monotone_input_is_exact(scale, seed):
+    torch.manual_seed(seed)
+    model = MonotonicRegressor(num_features=3, monotone_inputs=1, output_min=-1.0, output_max=7.0)
+    _randomize(model, seed, scale)
+    images, extra = torch.randn(8, 3, 8, 8), torch.rand(8, 1)
+    assert check_monotone(model, images, extra, num_steps=200) == 0.0
+
+
+# ------------------------------------------------------- rounding bound in later monotone inputs
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return 2.0**-53 if dtype == torch.float64 else 2.0**-24
+
+
+def _rounding_bound(module: nn.Module, dtype: torch.dtype = torch.float32) -> float:
+    """The module docstring's bound on a decrease along a later monotone input."""
+    values = module.bank.vertex_values(dtype)
+    rank = len(module.bank.sizes)
+    terms = 6 * rank + 4 + (2 * values.shape[0] if isinstance(module, LatticeEnsemble) else 0)
+    return terms * _unit_roundoff(dtype) * values.abs().max().item()
+
+
+def _worst_decrease(module: nn.Module, sizes, columns, dtype, generator) -> float:
+    base = _base_points(sizes, 16, generator).to(dtype)
+    worst = 0.0
+    with torch.no_grad():
+        for d in columns:
+            y = _sweep(module, base, d, _sweep_values(-1, sizes[d], generator).to(dtype))
+            worst = max(worst, (y[:-1] - y[1:]).max().item())
+    return worst
+
+
+@PROPERTY
+@given(
+    rank=st.integers(2, 4),
+    size=st.integers(2, 3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    scale=st.sampled_from([1.0, 1e4, 8e6, 1e30]),
+    seed=st.integers(0, 2**16),
+)
+def test_later_monotone_inputs_stay_within_the_rounding_bound(rank, size, dtype, scale, seed):
+    """All inputs monotone, vertex values huge and of both signs, so outputs cancel."""
+    lattice = Lattice([size] * rank, [1] * rank).to(dtype)
+    _randomize(lattice, seed, scale)
+    worst = _worst_decrease(
+        lattice, [size] * rank, range(1, rank), dtype, torch.Generator().manual_seed(seed)
+    )
+    assert worst <= _rounding_bound(lattice, dtype)
+
+
+@PROPERTY
+@given(num_inputs=st.integers(3, 6), scale=st.sampled_from([1.0, 8e6, 1e30]), seed=st.integers(0, 2**16))
+def test_ensemble_later_monotone_inputs_stay_within_the_rounding_bound(num_inputs, scale, seed):
+    ensemble = LatticeEnsemble(num_inputs, 3, num_inputs, 3, [1] * num_inputs, seed=seed)
+    _randomize(ensemble, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    worst = _worst_decrease(ensemble, [3] * num_inputs, range(num_inputs), torch.float32, generator)
+    assert worst <= _rounding_bound(ensemble)
+
+
+def test_rounding_bound_holds_after_large_step_training():
+    """Adam at lr=1e6 drives vertex values to ~1e7, where a later input once lost 16 ulp."""
+    torch.manual_seed(0)
+    lattice = Lattice([3, 3, 3, 3], [1, 1, 1, 1])
+    opt = torch.optim.Adam(lattice.parameters(), lr=1e6)
+    for _ in range(20):
+        x = 2 * torch.rand(256, 4)
+        loss = -(lattice(x) * torch.randn(256)).mean()  # pushes vertices every which way
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert lattice.vertex_values().abs().max() > 1e6
+    worst = _worst_decrease(lattice, [3] * 4, range(1, 4), torch.float32, torch.Generator().manual_seed(0))
+    assert worst <= _rounding_bound(lattice)
 
 
 # ----------------------------------------------------------------------- adversarial training
@@ -572,6 +698,20 @@ def test_regressor_monotone_input_ranges_per_input():
     assert [c.input_max for c in model.input_calibrators] == [1.0, 50.0]
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_check_monotone_refuses_non_finite_outputs(bad):
+    """A decreasing model with one NaN output once measured 0.0: NaN compares as nothing."""
+
+    class DecreasingWithHole(nn.Module):
+        def forward(self, images, extra):
+            out = -extra[:, 0]
+            out[0] = bad
+            return out
+
+    with pytest.raises(ValueError, match=r"5 of 15 outputs are NaN or infinite .* monotone input 0"):
+        check_monotone(DecreasingWithHole(), torch.zeros(3, 1), torch.zeros(3, 1), num_steps=5)
+
+
 def test_check_monotone_detects_a_decreasing_model():
     class Decreasing(nn.Module):
         def forward(self, images, extra):
@@ -583,6 +723,107 @@ def test_check_monotone_detects_a_decreasing_model():
     )
     assert worst == pytest.approx(0.5)
     assert model.training
+
+
+# ------------------------------------------------------------------------ state and bad values
+
+
+def _ensemble_model(seed: int) -> nn.Module:
+    return nn.Sequential(LatticeEnsemble(5, 2, 4, 3, [1, 0, 1, 0, 1], seed=seed))
+
+
+@pytest.mark.parametrize(
+    ("declared", "saved", "message"),
+    [
+        (
+            lambda: MonotoneLinear(3, 1, [1, 1, 1]),
+            lambda: MonotoneLinear(3, 1, [0, 0, 0]),
+            r"MonotoneLinear was declared with monotonicities \[1, 1, 1\].*\[0.0, 0.0, 0.0\]",
+        ),
+        (
+            lambda: MonotoneLinear(3, 1, [1, -1, 0]),
+            lambda: MonotoneLinear(2, 1, [1, 1]),
+            "monotonicities",
+        ),
+        (lambda: _ensemble_model(0), lambda: _ensemble_model(1), "LatticeEnsemble '0' .*input subsets"),
+    ],
+)
+def test_loading_a_state_with_other_constraints_is_refused(declared, saved, message):
+    """A model declared monotone once loaded a non-monotone layer without a word."""
+    model = declared()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        model.load_state_dict(saved().state_dict())
+    if isinstance(model, MonotoneLinear):
+        x = torch.zeros(2, 3)
+        x[1, 0] = 1.0
+        y = model(x).detach()
+        assert y[0] <= y[1]  # still the declared constraint
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_state_round_trips_keep_the_model():
+    torch.manual_seed(0)
+    model = MonotonicRegressor(
+        num_features=4, monotone_inputs=2, lattice_rank=3, output_min=0.0, output_max=5.0
+    )
+    _randomize(model, seed=0, scale=1.0)
+    assert isinstance(model.lattice, LatticeEnsemble)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    torch.manual_seed(1)  # other initial parameters, same declaration
+    copy = MonotonicRegressor(
+        num_features=4, monotone_inputs=2, lattice_rank=3, output_min=0.0, output_max=5.0
+    )
+    copy.load_state_dict(torch.load(buffer))
+    images, extra = torch.randn(3, 3, 16, 16), torch.rand(3, 2)
+    torch.testing.assert_close(copy.eval()(images, extra), model.eval()(images, extra))
+    layer = MonotoneLinear(3, 2, [1, -1, 0]).double()
+    MonotoneLinear(3, 2, [1, -1, 0]).load_state_dict(layer.state_dict())  # dtype is not a constraint
+    MonotoneLinear(3, 2, [1, -1, 0]).load_state_dict({}, strict=False)
+
+
+@pytest.mark.parametrize(
+    ("module", "x"),
+    [
+        (PWLCalibrator(4, 0.0, 1.0, 1, 0.0, 1.0), torch.tensor([0.5, math.nan, math.inf, -math.inf])),
+        (
+            Lattice([3, 3], [1, 0]),
+            torch.tensor([[0.5, 1.0], [math.nan, 1.0], [1.0, math.inf], [0.0, -math.inf]]),
+        ),
+        (
+            LatticeEnsemble(3, 2, 3, 3, [1, 0, 1]),
+            torch.tensor(
+                [[0.5, 1.0, 2.0], [1.0, math.nan, 0.0], [math.inf, 1.0, 0.0], [0.0, -math.inf, 1.0]]
+            ),
+        ),
+    ],
+)
+def test_nan_inputs_give_nan_outputs_and_infinite_ones_clamp(module, x):
+    """A NaN input once raised IndexError: index -9223372036854775808."""
+    _randomize(module, seed=0, scale=1.0)
+    with torch.no_grad():
+        y = module(x)
+        clamped = module(x.nan_to_num(0.0, posinf=1e9, neginf=-1e9))
+    assert torch.isnan(y[1]) and torch.isfinite(y[[0, 2, 3]]).all()
+    torch.testing.assert_close(y[[0, 2, 3]], clamped[[0, 2, 3]])
+
+
+def test_check_finite_parameters_names_what_diverged():
+    torch.manual_seed(0)
+    model = MonotonicRegressor(num_features=2, monotone_inputs=1)
+    check_finite_parameters(model)
+    images, extra = torch.randn(2, 3, 16, 16), torch.rand(2, 1)
+    with torch.no_grad():
+        model.lattice.bank.raw[0, 0, 0, 0] = math.inf
+        model.output_calibrator.raw[3] = math.nan
+        assert torch.isnan(model(images, extra)).any()  # silently, before the check
+    with pytest.raises(
+        ValueError, match=r"lattice\.bank\.raw \(1 of 27\), output_calibrator\.raw \(1 of 10\)"
+    ):
+        check_finite_parameters(model)
 
 
 # ---------------------------------------------------------------------------------- bad arguments

@@ -21,8 +21,12 @@ monotone; there is no projection step to forget. The maps used:
   one monotone dimension: chained over several they restrict the lattice to supermodular
   functions (no ``max(a, b)``). The price is a piecewise-linear map whose gradient reaches only
   the vertices attaining the envelopes.
-* Output bounds apply an increasing sigmoid after the monotone map, which keeps monotonicity and
-  pins outputs inside ``(output_min, output_max)``.
+* Output bounds apply an increasing sigmoid, which keeps monotonicity and pins outputs inside
+  ``(output_min, output_max)``. ``torch.sigmoid`` is not one function under rounding: its
+  vectorised body and its scalar tail can round the same value 1 ulp apart, which would break
+  the exact ties the maps above create. So a lattice bounds its free values *before* the
+  envelopes, and a bounded calibrator follows the sigmoid by a running max (min for -1), the
+  identity in real arithmetic; both are selections, exact under rounding.
 
 Floating point: interpolation runs in at least float32 (bfloat16 inputs are upcast and the result
 cast back; casting is monotone), because bfloat16 cell fractions are too coarse. The calibrators
@@ -31,9 +35,29 @@ as ``a + f * (b - a)``, which rounding can neither reverse inside the cell (``f`
 push past ``b`` into the next cell (see ``_lerp``). A lattice reduces its cell corners one
 dimension at a time: its first monotone dimension first, in that same form, then every other one
 as ``(1 - f) * a + f * b``, which is monotone in ``a`` and ``b`` under rounding; so a lattice is
-exactly monotone in its first monotone input, and in any further one up to rounding (a few units
-in the last place). A :class:`MonotonicRegressor` with one monotone input is therefore exactly
-monotone; :func:`check_monotone` measures the rest.
+exactly monotone in its first monotone input, and in any further one up to rounding. A
+:class:`MonotonicRegressor` with one monotone input is therefore exactly monotone;
+:func:`check_monotone` measures the rest.
+
+The rounding bound for the further monotone inputs of a lattice with D dimensions, in a compute
+dtype of unit roundoff u (2^-24 for float32 and bfloat16, 2^-53 for float64), to first order in
+u: along them the output can decrease by at most ``(6 D + 4) u V``, V the largest vertex
+magnitude (``vertex_values().abs().max()``). Derivation: the vertex values are exactly monotone
+and the cell fractions exact (``x - floor(x)`` is exact by Sterbenz), so the multilinear
+interpolant g is monotone and a computed decrease is at most twice the computed value's error E.
+The first reduction, ``a + f (b - a)``, errs by at most ``u |result| + 2u |f (b - a)| <= 5 u V``
+(the clamp only moves it towards the exact value); each further one, ``(1 - f) a + f b``, adds at
+most ``3 u V`` to its inputs' error (three roundings, weights summing to 1). So E <= (3 D + 2) u
+V. Outputs near 8e6 with V of that size stay within about 28 ulp for D = 4. A
+:class:`LatticeEnsemble` of L lattices of rank r adds its mean's rounding: ``(6 r + 4 + 2 L) u
+V``. The bound is relative to V, not to the output: cancellation can make an output far smaller
+than the vertices it interpolates. A bfloat16 result is the float32 one cast, which can turn any
+difference into one bfloat16 ulp.
+
+Non-finite values: a NaN input gives a NaN output for that sample (as in ``nn.Linear``), never an
+index error; infinite inputs clamp to the domain's ends. Non-finite *parameters* (a diverged
+optimizer step) make outputs NaN silently, so training should call
+:func:`check_finite_parameters`, and :func:`check_monotone` refuses NaN outputs.
 """
 
 from __future__ import annotations
@@ -52,6 +76,7 @@ __all__ = [
     "MonotoneLinear",
     "MonotonicRegressor",
     "PWLCalibrator",
+    "check_finite_parameters",
     "check_monotone",
 ]
 
@@ -115,6 +140,27 @@ def _check_inputs(x: torch.Tensor, num_inputs: int, what: str) -> None:
         raise ValueError(f"{what} must have shape (N, {num_inputs}), got {tuple(x.shape)}")
 
 
+def _cell_index(cell: torch.Tensor) -> torch.Tensor:
+    """Integer cell of each input; a NaN input's cell is 0, its fraction stays NaN, so the
+    interpolation propagates the NaN instead of indexing with the integer NaN casts to."""
+    return cell.nan_to_num(0.0).long()
+
+
+def _check_declared_buffer(module: nn.Module, state_dict: dict, prefix: str, name: str, what: str) -> None:
+    """Refuses a state whose constraint buffer ``name`` differs from the module's own: a loaded
+    state must not silently replace the monotonicity the module was declared with."""
+    loaded, own = state_dict.get(prefix + name), getattr(module, name)
+    if not isinstance(loaded, torch.Tensor):
+        return  # missing keys are load_state_dict's own error (or allowed with strict=False)
+    if loaded.shape != own.shape or not torch.equal(loaded.detach().to("cpu", own.dtype), own.cpu()):
+        where = f" {prefix[:-1]!r}" if prefix else ""
+        raise ValueError(
+            f"{type(module).__name__}{where} was declared with {what} {own.long().tolist()}, but the "
+            f"state to load has {loaded.tolist()}; constraints are part of the model's declaration: "
+            "build the model with the same arguments as the saved one"
+        )
+
+
 class PWLCalibrator(nn.Module):
     """Piecewise-linear 1-D function through ``num_keypoints`` evenly spaced keypoints.
 
@@ -164,9 +210,18 @@ class PWLCalibrator(nn.Module):
     def keypoint_outputs(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Output values at the keypoints: a first value plus signed softplus increments."""
         raw = self.raw.to(dtype or torch.promote_types(self.raw.dtype, torch.float32))
-        if self.monotonicity:
-            raw = torch.cat([raw[:1], self.monotonicity * F.softplus(raw[1:])]).cumsum(0)
-        return _bound(raw, self.output_min, self.output_max)
+        if not self.monotonicity:
+            return _bound(raw, self.output_min, self.output_max)
+        values = _bound(
+            torch.cat([raw[:1], self.monotonicity * F.softplus(raw[1:])]).cumsum(0),
+            self.output_min,
+            self.output_max,
+        )
+        if self.output_min is None:
+            return values  # a running sum of same-signed increments is monotone under rounding
+        # The sigmoid can split ties 1 ulp the wrong way (module docstring): a running max (min)
+        # restores them exactly and is the identity on what the sigmoid should have given.
+        return values.cummax(0).values if self.monotonicity > 0 else values.cummin(0).values
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
@@ -176,7 +231,7 @@ class PWLCalibrator(nn.Module):
         scale = (self.num_keypoints - 1) / (self.input_max - self.input_min)
         t = (x.to(dtype).clamp(self.input_min, self.input_max) - self.input_min) * scale
         cell = t.floor().clamp(max=self.num_keypoints - 2)
-        index = cell.long()
+        index = _cell_index(cell)
         return _lerp(values[index], values[index + 1], t - cell).to(out_dtype)
 
     def extra_repr(self) -> str:
@@ -214,6 +269,10 @@ class MonotoneLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _check_declared_buffer(self, state_dict, prefix, "signs", "monotonicities")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -260,13 +319,15 @@ class _LatticeBank(nn.Module):
         self.raw = nn.Parameter(_initial_raw(ramp, output_min is not None, 0.0, 1.0) + noise)
 
     def vertex_values(self, dtype: torch.dtype) -> torch.Tensor:
-        """Constrained vertex values, shape (num_lattices, *sizes)."""
-        lower = upper = self.raw.to(dtype)
+        """Constrained vertex values, shape (num_lattices, *sizes). Bounded before the envelopes, so
+        the ties they create are exact (module docstring); the bounds are an interval, which
+        maxima, minima and averages of its points stay in."""
+        lower = upper = _bound(self.raw.to(dtype), self.output_min, self.output_max)
         for d in range(len(self.sizes)):
             mono = self._monotone[:, d].view(-1, *[1] * len(self.sizes))
             lower = torch.where(mono, lower.cummax(d + 1).values, lower)
             upper = torch.where(mono, upper.flip(d + 1).cummin(d + 1).values.flip(d + 1), upper)
-        return _bound((lower + upper) / 2, self.output_min, self.output_max)
+        return (lower + upper) / 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Interpolates x of shape (N, num_lattices, D) into (N, num_lattices), compute dtype."""
@@ -277,7 +338,7 @@ class _LatticeBank(nn.Module):
         frac = x - cell
         values = self.vertex_values(dtype).flatten(1)
         lattice = torch.arange(values.shape[0], device=x.device).view(1, -1, 1)
-        base = (cell.long() * self._strides).sum(-1, keepdim=True)
+        base = (_cell_index(cell) * self._strides).sum(-1, keepdim=True)
         corners = values[lattice, base + self._offsets]  # (N, num_lattices, 2^D)
         for k, d in enumerate(self.order):
             low, high, f = corners[..., 0::2], corners[..., 1::2], frac[..., d : d + 1]
@@ -297,7 +358,8 @@ class Lattice(nn.Module):
     Input (N, D) with dimension d in [0, lattice_sizes[d] - 1] (clamped outside); output (N,).
     ``monotonicities[d]`` is 1 for non-decreasing along d, 0 for free. With ``output_min`` and
     ``output_max`` the vertex values, hence the outputs, stay inside the bounds. Monotone under
-    rounding in the first monotone dimension, up to rounding in the others. Each sample costs 2^D
+    rounding in the first monotone dimension, up to a stated rounding bound in the others (module
+    docstring). Each sample costs 2^D
     corners and parameters grow as prod(lattice_sizes): for more than a handful of inputs use
     :class:`LatticeEnsemble`.
     """
@@ -377,6 +439,11 @@ class LatticeEnsemble(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_inputs(x, self.num_inputs, "LatticeEnsemble input")
         return self.bank(x[:, self.input_index]).mean(1).to(_dtypes(x, self.bank.raw)[0])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The lattices' monotone dimensions follow from input_index at construction.
+        _check_declared_buffer(self, state_dict, prefix, "input_index", "input subsets")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class _SmallCNN(nn.Module):
@@ -504,6 +571,8 @@ def check_monotone(
     after. A :class:`MonotonicRegressor` computes its image features once, so the sweep costs one
     backbone pass and backbone nondeterminism cannot pose as a violation. Returns 0.0 for a
     monotone model; see the module docstring for when rounding may give a tiny positive value.
+    Raises ValueError if any swept output is NaN or infinite: such outputs compare as neither
+    larger nor smaller, so they would otherwise pass as monotone.
     """
     if monotone_inputs.dim() != 2 or monotone_inputs.shape[0] != images.shape[0]:
         raise ValueError(
@@ -532,7 +601,33 @@ def check_monotone(
                 swept[:, j] = value
                 outputs.append(predict(swept).float())
             outputs = torch.stack(outputs)
+            bad = (~torch.isfinite(outputs)).sum().item()
+            if bad:
+                raise ValueError(
+                    f"check_monotone: {bad} of {outputs.numel()} outputs are NaN or infinite while "
+                    f"sweeping monotone input {j} over [{low:g}, {high:g}]; monotonicity cannot be "
+                    "checked (non-finite parameters? see check_finite_parameters)"
+                )
             worst = max(worst, (outputs[:-1] - outputs[1:]).max().clamp(min=0).item())
         return worst
     finally:
         model.train(was_training)
+
+
+def check_finite_parameters(module: nn.Module) -> None:
+    """Raises ValueError naming every parameter of ``module`` holding NaN or infinite values.
+
+    A diverged optimizer step leaves such values without any error, and from then on the model
+    predicts NaN; a training loop calls this after its steps (it waits for the device) so a run
+    stops there instead of training and checkpointing a broken model.
+    """
+    params = [(name, p) for name, p in module.named_parameters() if p.is_floating_point()]
+    if not params:
+        return
+    counts = torch.stack([(~torch.isfinite(p.detach())).sum() for _, p in params]).tolist()
+    bad = [f"{name} ({count} of {p.numel()})" for (name, p), count in zip(params, counts) if count]
+    if bad:
+        raise ValueError(
+            f"non-finite parameters (NaN or infinite values) in {', '.join(bad)}: training diverged; "
+            "lower the learning rate or resume from an earlier checkpoint"
+        )
