@@ -57,7 +57,11 @@ fn temp_stem(name: &OsStr) -> OsString {
         return name.to_owned();
     }
     let hash = format!("~{:016x}", xxh3_64(bytes));
-    let keep = NAME_MAX - TEMP_NAME_EXTRA - hash.len();
+    let mut keep = NAME_MAX - TEMP_NAME_EXTRA - hash.len();
+    // Cut between characters, not inside a UTF-8 sequence.
+    while keep > 0 && bytes[keep] & 0xC0 == 0x80 {
+        keep -= 1;
+    }
     let mut stem = bytes[..keep].to_vec();
     stem.extend_from_slice(hash.as_bytes());
     OsString::from_vec(stem)
@@ -598,10 +602,15 @@ mod tests {
     #[test]
     fn temporary_names_fit_name_max_and_are_found_again() {
         let dir = tempfile::tempdir().unwrap();
-        for len in [1, 200, 209, 210, NAME_MAX] {
-            let path = dir.path().join("n".repeat(len));
+        for name in [1, 200, 209, 210, NAME_MAX]
+            .map(|len| "n".repeat(len))
+            .into_iter()
+            .chain([format!("n{}", "é".repeat(127))])
+        {
+            let path = dir.path().join(&name);
             let temp = temp_path(&path);
-            assert!(temp.file_name().unwrap().len() <= NAME_MAX, "{len}");
+            assert!(temp.file_name().unwrap().len() <= NAME_MAX, "{name}");
+            assert!(temp.file_name().unwrap().to_str().is_some(), "{name}");
             assert!(is_partial_of(
                 temp.file_name().unwrap(),
                 path.file_name().unwrap()
@@ -609,7 +618,7 @@ mod tests {
             std::fs::write(&temp, b"stale").unwrap();
             write(&path, 2, false).unwrap();
             assert_eq!(Store::open(&path).unwrap().len(), 2);
-            assert_eq!(dir_entries(dir.path()), vec!["n".repeat(len)]);
+            assert_eq!(dir_entries(dir.path()), vec![name]);
             std::fs::remove_file(&path).unwrap();
         }
         // A long name's shortened stem does not match its neighbours'.
