@@ -234,7 +234,8 @@ class Store:
 
 def _meta_problem(value: Any, where: str, depth: int, seen: list) -> Optional[str]:
     """The first reason `value` cannot be stored as metadata a reader accepts, naming where
-    it is (NaN, infinity, a lone surrogate, nesting or size beyond the reader's bounds)."""
+    it is (NaN, infinity, a lone surrogate, nesting or size beyond the reader's bounds).
+    `seen` is a one-item list: the count of values walked so far, shared by the whole walk."""
     seen[0] += 1
     if seen[0] > _core.MAX_META_VALUES:
         return f"metadata has more than {_core.MAX_META_VALUES} elements (at {where})"
