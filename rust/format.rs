@@ -18,6 +18,12 @@ pub const SECTION_ALIGN: u64 = 64;
 /// Largest metadata section accepted (64 MiB): enough for millions of source names,
 /// small enough that a lying length cannot make a reader allocate without bound.
 pub const MAX_META_LEN: u64 = 64 << 20;
+/// Most JSON values (objects, arrays, strings, numbers, ...) a reader turns into a tree:
+/// a 64 MiB section of `{}`s would otherwise cost gigabytes as objects. Four million
+/// leaves room for the `sources` list of a multi-million-image pack.
+pub const MAX_META_VALUES: u64 = 4_000_000;
+/// Deepest nesting of metadata a reader turns into a tree (the top-level object is level 1).
+pub const MAX_META_DEPTH: u32 = 64;
 /// Bytes per label and per checksum.
 pub const LABEL_SIZE: u64 = 8;
 pub const CHECKSUM_SIZE: u64 = 8;
@@ -351,6 +357,114 @@ impl Reader<'_> {
     }
 }
 
+/// What a streaming pass over metadata found: how many JSON values and how deep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaShape {
+    pub values: u64,
+    pub depth: u32,
+}
+
+impl MetaShape {
+    /// Checks the bounds a reader needs before it builds a tree of this metadata.
+    pub fn check_bounds(&self) -> Result<(), FormatError> {
+        if self.values > MAX_META_VALUES {
+            return Err(FormatError::Meta(format!(
+                "metadata has more than {MAX_META_VALUES} elements ({})",
+                self.values
+            )));
+        }
+        if self.depth > MAX_META_DEPTH {
+            return Err(FormatError::Meta(format!(
+                "metadata is nested {} levels deep, more than {MAX_META_DEPTH}",
+                self.depth
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Validates `json` as one JSON object and measures it, in one pass that builds no tree:
+/// memory stays constant whatever the metadata holds (serde_json stops nesting past 128).
+pub fn meta_shape(json: &str) -> Result<MetaShape, FormatError> {
+    if !json
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('{')
+    {
+        return Err(FormatError::Meta("not a JSON object".into()));
+    }
+    let mut shape = MetaShape::default();
+    let mut de = serde_json::Deserializer::from_str(json);
+    let walked = serde::de::DeserializeSeed::deserialize(
+        MetaWalk {
+            depth: 1,
+            shape: &mut shape,
+        },
+        &mut de,
+    )
+    .and_then(|()| de.end());
+    walked.map_err(|e| FormatError::Meta(format!("not valid JSON: {e}")))?;
+    Ok(shape)
+}
+
+/// Counts one JSON value and its children, keeping nothing.
+struct MetaWalk<'a> {
+    depth: u32,
+    shape: &'a mut MetaShape,
+}
+
+impl MetaWalk<'_> {
+    fn child(&mut self) -> MetaWalk<'_> {
+        MetaWalk {
+            depth: self.depth + 1,
+            shape: self.shape,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for MetaWalk<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.shape.values += 1;
+        self.shape.depth = self.shape.depth.max(self.depth);
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for MetaWalk<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self.child())?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            map.next_value_seed(self.child())?;
+        }
+        Ok(())
+    }
+}
+
 /// Checksum of one record: xxh3-64 over the image bytes (without padding) then the 8 label bytes.
 pub fn record_checksum(image: &[u8], label: [u8; 8]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -477,6 +591,49 @@ mod tests {
         // file shorter or longer than the header says
         expect(&good, len - 1, |e| matches!(e, FormatError::Truncated(_)));
         expect(&good, len + 1, |e| matches!(e, FormatError::Layout(_)));
+    }
+
+    #[test]
+    fn meta_shape_counts_values_and_depth() {
+        let shape = meta_shape(r#" {"a": [1, {"b": null}, "x"], "c": 2.5}"#).unwrap();
+        assert_eq!(
+            shape,
+            MetaShape {
+                values: 7,
+                depth: 4
+            }
+        );
+        assert!(shape.check_bounds().is_ok());
+        for bad in [
+            "[1]",
+            "{",
+            r#"{"a": NaN}"#,
+            "{} {}",
+            r#"{"a": "\ud800"}"#,
+            "",
+        ] {
+            assert!(
+                matches!(meta_shape(bad), Err(FormatError::Meta(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn meta_bounds_name_the_excess() {
+        let deep = format!("{}1{}", "[".repeat(64), "]".repeat(64));
+        let deep = format!(r#"{{"a":{deep}}}"#);
+        let err = meta_shape(&deep).unwrap().check_bounds().unwrap_err();
+        assert!(err.to_string().contains("nested 66 levels deep"), "{err}");
+        let many = format!(
+            r#"{{"a":[{}]}}"#,
+            vec!["{}"; MAX_META_VALUES as usize].join(",")
+        );
+        let err = meta_shape(&many).unwrap().check_bounds().unwrap_err();
+        assert!(
+            err.to_string().contains("more than 4000000 elements"),
+            "{err}"
+        );
     }
 
     proptest! {

@@ -10,7 +10,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use crate::error::{Error, FormatError, Result};
-use crate::format::{record_checksum, Header, HEADER_SIZE};
+use crate::format::{meta_shape, record_checksum, Header, MetaShape, HEADER_SIZE};
 use crate::{pagecache, pool};
 
 /// An open store. Cloning is cheap; every clone shares one mapping, which is
@@ -21,8 +21,21 @@ pub struct Store {
     map: Arc<Mmap>,
     header: Header,
     meta: Arc<str>,
+    meta_shape: MetaShape,
     identity: FileIdentity,
 }
+
+/// The outcome of a verification: the first damaged record numbers and how many there are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// The lowest damaged record numbers, sorted, at most the limit asked for.
+    pub first: Vec<u64>,
+    /// Every damaged record, counted.
+    pub total: u64,
+}
+
+/// Records checked per parallel pass: bounds verification's memory whatever the store's size.
+const VERIFY_CHUNK: usize = 1 << 16;
 
 /// Device, inode, length and modification time of the file when it was opened, to
 /// detect replacement, truncation or a rewrite in place.
@@ -79,21 +92,7 @@ impl Store {
             &map[header.meta.offset as usize..(header.meta.offset + header.meta.length) as usize];
         let meta = std::str::from_utf8(meta_bytes)
             .map_err(|e| Error::format(path, FormatError::Meta(format!("not UTF-8: {e}"))))?;
-        match serde_json::from_str::<serde_json::Value>(meta) {
-            Ok(serde_json::Value::Object(_)) => {}
-            Ok(_) => {
-                return Err(Error::format(
-                    path,
-                    FormatError::Meta("not a JSON object".into()),
-                ))
-            }
-            Err(e) => {
-                return Err(Error::format(
-                    path,
-                    FormatError::Meta(format!("not valid JSON: {e}")),
-                ))
-            }
-        }
+        let meta_shape = meta_shape(meta).map_err(|e| Error::format(path, e))?;
         let meta: Arc<str> = meta.into();
         let identity = FileIdentity::of(&stat);
         Ok(Store {
@@ -101,6 +100,7 @@ impl Store {
             map: Arc::new(map),
             header,
             meta,
+            meta_shape,
             identity,
         })
     }
@@ -117,8 +117,16 @@ impl Store {
     pub fn is_empty(&self) -> bool {
         self.header.count == 0
     }
+    /// The metadata text as stored (validated JSON, possibly too large to build a tree of).
     pub fn meta_json(&self) -> &str {
         &self.meta
+    }
+    /// The metadata text, refused when a tree of it would exceed the documented bounds.
+    pub fn bounded_meta_json(&self) -> Result<&str> {
+        self.meta_shape
+            .check_bounds()
+            .map_err(|e| Error::format(&self.path, e))?;
+        Ok(&self.meta)
     }
     pub fn identity(&self) -> FileIdentity {
         self.identity
@@ -172,16 +180,34 @@ impl Store {
         u64::from_le_bytes(self.map[start..start + 8].try_into().unwrap())
     }
 
-    /// Recomputes every record checksum in parallel; returns the damaged record numbers, sorted.
+    /// Every damaged record number, sorted (memory grows with their number: see `verify_limited`).
     pub fn verify(&self) -> Vec<u64> {
+        self.verify_limited(usize::MAX).first
+    }
+
+    /// Recomputes every record checksum in parallel, a chunk at a time, keeping the first
+    /// `limit` damaged record numbers and counting the rest: memory is constant in the store's size.
+    pub fn verify_limited(&self, limit: usize) -> Damage {
+        let count = self.header.count as usize;
         pool::install(|| {
-            (0..self.header.count as usize)
-                .into_par_iter()
-                .filter(|&i| {
-                    record_checksum(self.image(i), self.label_bytes(i)) != self.stored_checksum(i)
-                })
-                .map(|i| i as u64)
-                .collect()
+            let mut damage = Damage {
+                first: Vec::new(),
+                total: 0,
+            };
+            for start in (0..count).step_by(VERIFY_CHUNK) {
+                let damaged: Vec<u64> = (start..count.min(start + VERIFY_CHUNK))
+                    .into_par_iter()
+                    .filter(|&i| {
+                        record_checksum(self.image(i), self.label_bytes(i))
+                            != self.stored_checksum(i)
+                    })
+                    .map(|i| i as u64)
+                    .collect();
+                damage.total += damaged.len() as u64;
+                let room = limit.saturating_sub(damage.first.len()).min(damaged.len());
+                damage.first.extend_from_slice(&damaged[..room]);
+            }
+            damage
         })
     }
 
@@ -226,5 +252,64 @@ impl Store {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::LabelDtype;
+    use crate::writer::StoreWriter;
+    use std::io::{Seek, SeekFrom, Write};
+
+    fn write(path: &Path, n: usize, meta: &str) -> Header {
+        let mut w = StoreWriter::create(path, (1, 1, 1), LabelDtype::Int64, false).unwrap();
+        w.append_many(&vec![7u8; n], &vec![0u8; 8 * n]).unwrap();
+        w.commit(meta).unwrap();
+        Store::open(path).unwrap().header().clone()
+    }
+
+    fn patch(path: &Path, at: u64, bytes: &[u8]) {
+        let mut f = OpenOptions::new().write(true).open(path).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(bytes).unwrap();
+    }
+
+    #[test]
+    fn verification_keeps_the_first_damaged_records_and_counts_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let n = VERIFY_CHUNK + 3;
+        let header = write(&path, n, "{}");
+        let damaged = [1, VERIFY_CHUNK - 1, VERIFY_CHUNK, VERIFY_CHUNK + 2];
+        for i in damaged {
+            patch(&path, header.checksums.offset + 8 * i as u64, &[0; 8]);
+        }
+        let s = Store::open(&path).unwrap();
+        let all: Vec<u64> = damaged.iter().map(|&i| i as u64).collect();
+        let first_two = Damage {
+            first: all[..2].to_vec(),
+            total: 4,
+        };
+        assert_eq!(s.verify_limited(2), first_two);
+        assert_eq!(s.verify_limited(0).total, 4);
+        assert_eq!(s.verify(), all);
+    }
+
+    #[test]
+    fn metadata_beyond_the_bounds_opens_but_is_not_handed_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        // Written with room for the hostile text, which is then put in its place.
+        let hostile = format!(r#"{{"a":{}{}}}"#, "[".repeat(64), "]".repeat(64));
+        let filler = format!(r#"{{"a":"{}"}}"#, "x".repeat(hostile.len() - 8));
+        let header = write(&path, 2, &filler);
+        patch(&path, header.meta.offset, hostile.as_bytes());
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.meta_json().len(), hostile.len());
+        let err = s.bounded_meta_json().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}: ", path.display())), "{err}");
+        assert!(err.contains("nested 65 levels deep, more than 64"), "{err}");
+        assert!(Store::open(&path).unwrap().verify().is_empty());
     }
 }

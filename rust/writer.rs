@@ -1,20 +1,41 @@
 //! Atomic store writer: records stream into a temporary file beside the destination,
 //! which is fsynced and renamed into place on commit. A reader never sees a half-written
-//! store, and an interrupted write leaves nothing at the destination.
+//! store, and an interrupted write leaves nothing at the destination. Each writer owns
+//! its temporary file (a random name, created with O_EXCL) and holds an exclusive flock
+//! on it for its whole life; that lock, not a process id, tells a cleanup it is alive.
 
-use std::ffi::OsString;
+use std::collections::hash_map::RandomState;
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::{Error, FormatError, Result};
-use crate::format::{image_bytes, record_checksum, Header, LabelDtype, HEADER_SIZE, MAX_META_LEN};
+use crate::format::{
+    image_bytes, meta_shape, record_checksum, Header, LabelDtype, HEADER_SIZE, MAX_META_LEN,
+};
 
-/// Suffix of temporary files; `fastload` removes stale ones of dead processes.
+/// Suffix of temporary files; `fastload` removes the ones no live writer holds.
 pub const PARTIAL_SUFFIX: &str = ".fastload-partial";
+/// Longest file name most filesystems allow, in bytes.
+const NAME_MAX: usize = 255;
+/// Bytes a temporary name adds to its stem: `.` + `.PID` (10 digits at most) + `.RANDOM` + suffix.
+const TEMP_NAME_EXTRA: usize = 1 + 11 + 17 + PARTIAL_SUFFIX.len();
+/// Attempts at a fresh temporary file before giving up (each one collides only by sheer chance
+/// or by losing a race with another writer's cleanup).
+const CREATE_ATTEMPTS: usize = 8;
 
 pub struct StoreWriter {
     dest: PathBuf,
+    /// Where the store goes: `dest`, or the file a symbolic link at `dest` points to.
+    target: PathBuf,
     temp: PathBuf,
     out: Option<BufWriter<File>>,
     shape: (u32, u32, u32),
@@ -27,15 +48,95 @@ pub struct StoreWriter {
     count: u64,
 }
 
-/// `.NAME.PID.fastload-partial` beside `dest`: hidden, named after its destination and owner.
-fn temp_path(dest: &Path, pid: u32) -> PathBuf {
-    let mut name = OsString::from(".");
-    name.push(dest.file_name().unwrap_or_default());
-    name.push(format!(".{pid}{PARTIAL_SUFFIX}"));
-    dest.with_file_name(name)
+/// The part of a temporary name that ties it to its destination: the destination's name,
+/// or, when that would push the temporary name past NAME_MAX, a prefix of it plus a hash
+/// of the whole name (so the cleanup still finds the partials of this destination only).
+fn temp_stem(name: &OsStr) -> OsString {
+    let bytes = name.as_bytes();
+    if bytes.len() + TEMP_NAME_EXTRA <= NAME_MAX {
+        return name.to_owned();
+    }
+    let hash = format!("~{:016x}", xxh3_64(bytes));
+    let mut keep = NAME_MAX - TEMP_NAME_EXTRA - hash.len();
+    // Cut between characters, not inside a UTF-8 sequence.
+    while keep > 0 && bytes[keep] & 0xC0 == 0x80 {
+        keep -= 1;
+    }
+    let mut stem = bytes[..keep].to_vec();
+    stem.extend_from_slice(hash.as_bytes());
+    OsString::from_vec(stem)
 }
 
-/// Removes temporary files left for `dest` by processes that no longer exist (killed writers).
+/// 64 random bits from the standard library's per-process random hash keys.
+fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// `.STEM.PID.RANDOM.fastload-partial` beside `target`: hidden, named after its destination
+/// and its writer's process id (for people), unique by its random part (PIDs repeat across
+/// containers sharing a volume, and within one process for two writers).
+fn temp_path(target: &Path) -> PathBuf {
+    let mut name = OsString::from(".");
+    name.push(temp_stem(target.file_name().unwrap_or_default()));
+    name.push(format!(
+        ".{}.{:016x}{PARTIAL_SUFFIX}",
+        std::process::id(),
+        random_u64()
+    ));
+    target.with_file_name(name)
+}
+
+/// Whether `file_name` is a temporary file of the destination named `name`: the current
+/// `.STEM.PID.RANDOM` form or the older `.NAME.PID` one.
+fn is_partial_of(file_name: &OsStr, name: &OsStr) -> bool {
+    let Some(rest) = file_name
+        .as_bytes()
+        .strip_prefix(b".")
+        .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
+    else {
+        return false;
+    };
+    let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
+    // PID, then `.` and 16 hex digits.
+    let current = after(rest, temp_stem(name).as_bytes()).is_some_and(|t| {
+        t.len() > 17 && {
+            let (pid, random) = t.split_at(t.len() - 17);
+            digits(pid) && random[0] == b'.' && random[1..].iter().all(u8::is_ascii_hexdigit)
+        }
+    });
+    current || after(rest, name.as_bytes()).is_some_and(digits)
+}
+
+/// What follows `stem` and a dot at the start of `rest`.
+fn after<'a>(rest: &'a [u8], stem: &[u8]) -> Option<&'a [u8]> {
+    rest.strip_prefix(stem)?.strip_prefix(b".")
+}
+
+/// Takes an exclusive lock on `file` without waiting. False when another open file holds
+/// it (flock locks belong to open files, so two writers in one process exclude each other too).
+fn try_lock(file: &File) -> std::io::Result<()> {
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Whether `path` still names the very file `file` has open.
+fn still_names(path: &Path, file: &File) -> bool {
+    match (std::fs::symlink_metadata(path), file.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Removes temporary files left for `dest` by writers that are gone: a partial whose lock
+/// can be taken has no live writer (each writer holds its lock for its whole life), whatever
+/// process ids say across PID namespaces. Locked ones, and files it cannot open, stay.
 pub fn remove_stale_partials(dest: &Path) {
     let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
         return;
@@ -45,24 +146,80 @@ pub fn remove_stale_partials(dest: &Path) {
     } else {
         dir
     };
-    let prefix = format!(".{}.", name.to_string_lossy());
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
-        let file_name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = file_name
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.strip_suffix(PARTIAL_SUFFIX))
-            .and_then(|pid| pid.parse::<i32>().ok())
+        if !is_partial_of(&entry.file_name(), name) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(file) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
         else {
             continue;
         };
-        // SAFETY: signal 0 only checks whether the process exists.
-        let alive = unsafe { libc::kill(pid, 0) } == 0
-            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-        if !alive {
-            let _ = std::fs::remove_file(entry.path());
+        if try_lock(&file).is_ok() && still_names(&path, &file) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Creates a fresh temporary file beside `target` and locks it. A new name each attempt:
+/// O_EXCL refuses a name that exists, and a file another writer's cleanup took from under
+/// us between creating and locking it (it was briefly unlocked) is given up.
+fn create_locked_temp(dest: &Path, target: &Path) -> Result<(PathBuf, File)> {
+    let cannot = |e: std::io::Error| {
+        // Name the destination: the user never chose the temporary file's name.
+        let reason = format!("cannot create a temporary file beside it: {e}");
+        Error::io(dest, std::io::Error::new(e.kind(), reason))
+    };
+    for _ in 0..CREATE_ATTEMPTS {
+        let temp = temp_path(target);
+        let file = match OpenOptions::new().write(true).create_new(true).open(&temp) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(cannot(e)),
+        };
+        match try_lock(&file) {
+            Ok(()) if still_names(&temp, &file) => return Ok((temp, file)),
+            // Taken by a cleanup that will remove it, or already removed: try a new name.
+            Ok(()) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => continue,
+            // A filesystem without flock: cleanups there cannot lock either, so they never
+            // remove this file; go on unlocked.
+            Err(_) => return Ok((temp, file)),
+        }
+    }
+    Err(cannot(std::io::Error::other(format!(
+        "{CREATE_ATTEMPTS} attempts at a fresh name failed"
+    ))))
+}
+
+/// Where a write to `dest` lands: `dest` itself, or with `overwrite` the existing file a
+/// symbolic link at `dest` points to (the link stays). A dangling link is refused.
+fn resolve_target(dest: &Path, overwrite: bool) -> Result<PathBuf> {
+    let is_link = std::fs::symlink_metadata(dest).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(dest.to_path_buf());
+    }
+    match std::fs::canonicalize(dest) {
+        Ok(target) if overwrite => Ok(target),
+        Ok(_) => Ok(dest.to_path_buf()),
+        Err(e) => {
+            let link = std::fs::read_link(dest).unwrap_or_default();
+            Err(Error::io(
+                dest,
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "is a symbolic link to {}, which does not resolve ({e}); remove the link or write to a real path",
+                        link.display()
+                    ),
+                ),
+            ))
         }
     }
 }
@@ -97,6 +254,7 @@ impl StoreWriter {
         if dest.is_dir() {
             return Err(Error::io(&dest, std::io::Error::other("is a directory")));
         }
+        let target = resolve_target(&dest, overwrite)?;
         if !overwrite && dest.exists() {
             return Err(Error::io(
                 &dest,
@@ -106,18 +264,8 @@ impl StoreWriter {
                 ),
             ));
         }
-        remove_stale_partials(&dest);
-        let temp = temp_path(&dest, std::process::id());
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp)
-            .map_err(|e| {
-                // Name the destination: the user never chose the temporary file's name.
-                let reason = format!("cannot create a temporary file beside it: {e}");
-                Error::io(&dest, std::io::Error::new(e.kind(), reason))
-            })?;
+        remove_stale_partials(&target);
+        let (temp, file) = create_locked_temp(&dest, &target)?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
         out.write_all(&[0u8; HEADER_SIZE])
             .map_err(|e| Error::io(&temp, e))?;
@@ -125,6 +273,7 @@ impl StoreWriter {
         let stride = Header::new(1, shape, label_dtype, 0).unwrap().stride as usize;
         Ok(StoreWriter {
             dest,
+            target,
             temp,
             out: Some(out),
             shape,
@@ -207,10 +356,6 @@ impl StoreWriter {
 
     /// Writes labels, checksums, metadata and the header, fsyncs and moves the file into place.
     pub fn commit(mut self, meta_json: &str) -> Result<PathBuf> {
-        match serde_json::from_str::<serde_json::Value>(meta_json) {
-            Ok(serde_json::Value::Object(_)) => {}
-            _ => return Err(Error::Value("metadata must be a JSON object".into())),
-        }
         if meta_json.len() as u64 > MAX_META_LEN {
             return Err(Error::format(
                 &self.dest,
@@ -220,6 +365,14 @@ impl StoreWriter {
                 )),
             ));
         }
+        // A writer never publishes metadata that its readers would refuse.
+        meta_shape(meta_json)
+            .and_then(|shape| shape.check_bounds())
+            .map_err(|e| {
+                Error::Value(format!(
+                    "metadata must be a JSON object a reader accepts: {e}"
+                ))
+            })?;
         let header = Header::new(
             self.count,
             self.shape,
@@ -250,16 +403,18 @@ impl StoreWriter {
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         file.write_all(&header.encode()).map_err(io)?;
         file.sync_all().map_err(io)?;
-        drop(file);
+        // The file stays open, and locked, until it is in place: a cleanup never takes it.
         self.publish()?;
+        drop(file);
         Ok(self.dest.clone())
     }
 
-    /// Moves the finished temporary file to the destination, without replacing an
-    /// existing file unless `overwrite` was given (a hard link fails if the name exists).
+    /// Moves the finished temporary file to the destination (the target of a link there,
+    /// with `overwrite`), without replacing an existing file unless `overwrite` was given
+    /// (a hard link fails if the name exists).
     fn publish(&mut self) -> Result<()> {
         if self.overwrite {
-            std::fs::rename(&self.temp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
+            std::fs::rename(&self.temp, &self.target).map_err(|e| Error::io(&self.dest, e))?;
         } else {
             match std::fs::hard_link(&self.temp, &self.dest) {
                 Ok(()) => {
@@ -282,7 +437,7 @@ impl StoreWriter {
                 Err(e) => return Err(Error::io(&self.dest, e)),
             }
         }
-        fsync_dir(&self.dest);
+        fsync_dir(&self.target);
         self.temp = PathBuf::new();
         Ok(())
     }
@@ -292,12 +447,13 @@ impl StoreWriter {
         self.cleanup();
     }
 
+    /// Removes this writer's own temporary file, then closes it (releasing the lock).
     fn cleanup(&mut self) {
-        self.out = None;
         if !self.temp.as_os_str().is_empty() {
             let _ = std::fs::remove_file(&self.temp);
             self.temp = PathBuf::new();
         }
+        self.out = None;
     }
 }
 
@@ -366,16 +522,152 @@ mod tests {
     }
 
     #[test]
-    fn stale_partials_of_dead_processes_are_removed() {
+    fn unlocked_partials_are_removed_whatever_their_pid() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");
-        // pid 0x7fff_fff0 does not exist on Linux (pid_max is at most 2^22).
-        let stale = temp_path(&path, 0x7fff_fff0);
-        std::fs::write(&stale, b"partial").unwrap();
-        let other = dir.path().join("unrelated.txt");
-        std::fs::write(&other, b"keep").unwrap();
+        // Our own, live, pid in an old-style name: stale all the same, as nothing locks it.
+        let old_style = dir
+            .path()
+            .join(format!(".a.bin.{}.fastload-partial", std::process::id()));
+        std::fs::write(&old_style, b"partial").unwrap();
+        std::fs::write(temp_path(&path), b"partial").unwrap();
+        let keep = [
+            "unrelated.txt",
+            ".a.bin.old.5.fastload-partial",
+            ".a.bin.5.notahexnumber!!.fastload-partial",
+            ".b.bin.5.fastload-partial",
+        ];
+        for name in keep {
+            std::fs::write(dir.path().join(name), b"keep").unwrap();
+        }
         write(&path, 1, false).unwrap();
-        assert_eq!(dir_entries(dir.path()), vec!["a.bin", "unrelated.txt"]);
+        let mut want: Vec<_> = keep.iter().map(|s| s.to_string()).collect();
+        want.push("a.bin".into());
+        want.sort();
+        assert_eq!(dir_entries(dir.path()), want);
+    }
+
+    /// Two writers in one process have the same PID, exactly like two containers' PID 1.
+    fn two_writers(path: &Path, overwrite: bool) -> (StoreWriter, StoreWriter) {
+        let mut first =
+            StoreWriter::create(path, (2, 3, 1), LabelDtype::Float64, overwrite).unwrap();
+        let mut second =
+            StoreWriter::create(path, (2, 3, 1), LabelDtype::Float64, overwrite).unwrap();
+        assert_ne!(first.temp, second.temp);
+        // The second writer's cleanup left the first one's locked partial alone.
+        assert!(first.temp.exists() && second.temp.exists());
+        for i in 0..3u8 {
+            first.append(&[i; 6], [1; 8]).unwrap();
+            second.append(&[i + 100; 6], [2; 8]).unwrap();
+            second.append(&[i + 100; 6], [2; 8]).unwrap();
+        }
+        (first, second)
+    }
+
+    #[test]
+    fn same_pid_writers_keep_their_own_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let (first, second) = two_writers(&path, false);
+        first.commit("{}").unwrap();
+        assert!(
+            matches!(second.commit("{}"), Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists)
+        );
+        let s = Store::open(&path).unwrap();
+        assert_eq!(
+            (s.len(), s.image(2), s.verify()),
+            (3, &[2u8; 6][..], vec![])
+        );
+        assert_eq!(dir_entries(dir.path()), vec!["a.bin"]);
+
+        let (first, second) = two_writers(&path, true);
+        second.commit("{}").unwrap();
+        first.commit("{}").unwrap();
+        let s = Store::open(&path).unwrap();
+        assert_eq!(
+            (s.len(), s.image(2), s.verify()),
+            (3, &[2u8; 6][..], vec![])
+        );
+        let (first, second) = two_writers(&path, true);
+        drop(first);
+        second.commit("{}").unwrap();
+        let s = Store::open(&path).unwrap();
+        assert_eq!(
+            (s.len(), s.image(5), s.verify()),
+            (6, &[102u8; 6][..], vec![])
+        );
+        assert_eq!(dir_entries(dir.path()), vec!["a.bin"]);
+    }
+
+    #[test]
+    fn temporary_names_fit_name_max_and_are_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [1, 200, 209, 210, NAME_MAX]
+            .map(|len| "n".repeat(len))
+            .into_iter()
+            .chain([format!("n{}", "é".repeat(127))])
+        {
+            let path = dir.path().join(&name);
+            let temp = temp_path(&path);
+            assert!(temp.file_name().unwrap().len() <= NAME_MAX, "{name}");
+            assert!(temp.file_name().unwrap().to_str().is_some(), "{name}");
+            assert!(is_partial_of(
+                temp.file_name().unwrap(),
+                path.file_name().unwrap()
+            ));
+            std::fs::write(&temp, b"stale").unwrap();
+            write(&path, 2, false).unwrap();
+            assert_eq!(Store::open(&path).unwrap().len(), 2);
+            assert_eq!(dir_entries(dir.path()), vec![name]);
+            std::fs::remove_file(&path).unwrap();
+        }
+        // A long name's shortened stem does not match its neighbours'.
+        let a = OsString::from("x".repeat(250));
+        let b = OsString::from(format!("{}y", "x".repeat(249)));
+        assert!(!is_partial_of(
+            temp_path(Path::new(&a)).file_name().unwrap(),
+            &b
+        ));
+    }
+
+    #[test]
+    fn a_dangling_link_is_refused_and_a_link_to_a_store_is_replaced_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link.bin");
+        std::os::unix::fs::symlink("missing.bin", &link).unwrap();
+        for overwrite in [false, true] {
+            let err = StoreWriter::create(&link, (2, 3, 1), LabelDtype::Float64, overwrite)
+                .err()
+                .unwrap();
+            assert!(
+                err.to_string().contains("symbolic link to missing.bin"),
+                "{err}"
+            );
+        }
+        std::fs::remove_file(&link).unwrap();
+        let real = dir.path().join("real.bin");
+        write(&real, 1, false).unwrap();
+        std::os::unix::fs::symlink("real.bin", &link).unwrap();
+        assert!(matches!(write(&link, 2, false), Err(Error::Io { .. })));
+        write(&link, 3, true).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(Store::open(&real).unwrap().len(), 3);
+        assert_eq!(dir_entries(dir.path()), vec!["link.bin", "real.bin"]);
+    }
+
+    #[test]
+    fn metadata_a_reader_would_refuse_is_refused_at_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let deep = format!(r#"{{"a":{}1{}}}"#, "[".repeat(64), "]".repeat(64));
+        for meta in ["[]", r#"{"a": NaN}"#, &deep] {
+            let w = StoreWriter::create(&path, (2, 3, 1), LabelDtype::Float64, false).unwrap();
+            assert!(matches!(w.commit(meta), Err(Error::Value(_))), "{meta}");
+        }
+        assert!(dir_entries(dir.path()).is_empty());
     }
 
     #[test]

@@ -60,7 +60,7 @@ def store_version(path):
 def leftovers(path, pid):
     """Files beside `path` other than it; each must be the dead writer's named partial file."""
     others = sorted(p.name for p in path.parent.iterdir() if p != path)
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.{pid}\.fastload-partial")
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.{pid}\.[0-9a-f]{{16}}\.fastload-partial")
     assert all(pattern.fullmatch(name) for name in others), others
     return others
 

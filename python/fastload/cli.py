@@ -44,11 +44,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    damaged = store_mod.verify(args.store)
+    damaged = store_mod.verify(args.store, limit=args.limit)
     for index, source in damaged:
         print(f"damaged record {index}" + (f" ({source})" if source else ""))
-    if damaged:
-        print(f"{args.store}: {len(damaged)} damaged record(s)", file=sys.stderr)
+    if damaged.total > len(damaged):
+        print(f"... and {damaged.total - len(damaged):,} more damaged records")
+    if damaged.total:
+        print(f"{args.store}: {damaged.total:,} damaged record(s)", file=sys.stderr)
         return 1
     print(f"{args.store}: every record matches its checksum")
     return 0
@@ -201,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="recompute every record checksum; exit 1 if any record is damaged")
     p.add_argument("store")
+    p.add_argument(
+        "--limit", type=_positive_int, default=store_mod.VERIFY_LIMIT, help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})"
+    )
     p.set_defaults(run=_cmd_verify)
 
     p = sub.add_parser(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence, Tuple, Union
@@ -18,6 +19,17 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 LABEL_DTYPES = ("float64", "int64")
 INT64_MAX = np.iinfo(np.int64).max
+# Damaged records `verify` lists by default: enough to act on, bounded whatever the damage.
+VERIFY_LIMIT = 1000
+
+
+class DamagedRecords(list):
+    """The first damaged records (at most the limit asked for), in record order; `total`
+    counts all of them, so a listing can say how many more there are."""
+
+    def __init__(self, records, total: int):
+        super().__init__(records)
+        self.total = total
 
 
 def _fspath(path: Any, what: str = "path") -> str:
@@ -207,9 +219,14 @@ class Store:
         """Asks the kernel to start reading these records into the page cache."""
         self._core.will_need(as_indices(indices))
 
-    def verify(self) -> list:
-        """Record numbers whose bytes no longer match their checksum (empty when intact)."""
-        return self._core.verify()
+    def verify(self, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecords:
+        """Record numbers whose bytes no longer match their checksum (empty when intact):
+        the first `limit` of them (None: all), with `.total` counting every one. Memory is
+        bounded by `limit`, not by the store's size."""
+        if limit is not None and (not _is_int(limit) or limit < 0):
+            raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
+        first, total = self._core.verify(limit)
+        return DamagedRecords(first, total)
 
     def resident_bytes(self) -> Tuple[int, int]:
         """(bytes of the file in the page cache now, file size)."""
@@ -231,11 +248,49 @@ class Store:
         self.close()
 
 
+def _meta_problem(value: Any, where: str, depth: int, seen: list) -> Optional[str]:
+    """The first reason `value` cannot be stored as metadata a reader accepts, naming where
+    it is (NaN, infinity, a lone surrogate, nesting or size beyond the reader's bounds).
+    `seen` is a one-item list: the count of values walked so far, shared by the whole walk."""
+    seen[0] += 1
+    if seen[0] > _core.MAX_META_VALUES:
+        return f"metadata has more than {_core.MAX_META_VALUES} elements (at {where})"
+    if depth > _core.MAX_META_DEPTH:
+        return f"{where} is nested {depth} levels deep, more than {_core.MAX_META_DEPTH} (or is a reference cycle)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value}: JSON has no NaN or infinity (store None or a string)"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{where} holds a lone surrogate {value[e.start]!r} that UTF-8 cannot encode"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            problem = _meta_problem(key, f"the key {key!r} of {where}", depth, [0]) if isinstance(key, (str, float)) else None
+            problem = problem or _meta_problem(item, f"{where}[{key!r}]", depth + 1, seen)
+            if problem:
+                return problem
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _meta_problem(item, f"{where}[{i}]", depth + 1, seen)
+            if problem:
+                return problem
+    return None
+
+
 class StoreWriter:
     """Writes a store atomically: into a temporary file beside `path`, fsynced and put in
     place by `commit()` (hard-linked, so an existing file is never replaced, or renamed over
     it with overwrite=True; docs/FORMAT.md). As a context manager it commits on success and
-    discards on an exception, so an interrupted write leaves nothing at `path`."""
+    discards on an exception, so an interrupted write leaves nothing at `path`.
+
+    Each writer owns its temporary file, so two writers for one `path` (two processes, or a
+    notebook cell run twice) never mix records: the first commit wins, a later one raises
+    FileExistsError (or, with overwrite=True, replaces it whole). When `path` is a symbolic
+    link to a store, overwrite=True replaces the file it points to and keeps the link; a
+    link to nothing is refused. Metadata is checked here, not at commit: it must be JSON a
+    reader accepts (no NaN or infinity, no lone surrogates, at most MAX_META_LEN bytes,
+    MAX_META_VALUES elements and MAX_META_DEPTH levels)."""
 
     def __init__(
         self,
@@ -258,7 +313,7 @@ class StoreWriter:
         if meta is not None and not isinstance(meta, dict):
             raise TypeError(f"meta must be a dict, not {type(meta).__name__}")
         self.meta = dict(meta or {})
-        json.dumps(self.meta)  # fail now, not at commit, on unserializable metadata
+        self._meta_json()  # fail now, not at commit after every record is written
         self.path = Path(path)
         self.shape = tuple(int(s) for s in shape)
         self.label_dtype = np.dtype(str(label_dtype))
@@ -309,8 +364,8 @@ class StoreWriter:
             raise ValueError(f"{len(img)} images but labels of shape {lab.shape}")
         self._core.append_many(img.reshape(-1), lab.view(np.uint8))
 
-    def commit(self) -> Path:
-        """Finishes the store and moves it into place; returns its path."""
+    def _meta_json(self) -> str:
+        """The metadata as stored, with the writer's keys; ValueError naming what a reader would refuse."""
         from fastload._version import __version__
 
         meta = {
@@ -318,7 +373,24 @@ class StoreWriter:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **self.meta,
         }
-        return Path(self._core.commit(json.dumps(meta, ensure_ascii=False)))
+        try:
+            text = json.dumps(meta, ensure_ascii=False, allow_nan=False)
+            size = len(text.encode("utf-8"))
+            if size <= _core.MAX_META_LEN:
+                _core.check_meta(text)
+        except (ValueError, RecursionError):
+            # Find where the problem is only when there is one: the walk is slow on big metadata.
+            problem = _meta_problem(meta, "meta", 1, [0])
+            if problem is None:
+                raise
+            raise ValueError(problem) from None
+        if size > _core.MAX_META_LEN:
+            raise ValueError(f"metadata is {size} bytes as JSON, more than the {_core.MAX_META_LEN}-byte limit")
+        return text
+
+    def commit(self) -> Path:
+        """Finishes the store and moves it into place; returns its path."""
+        return Path(self._core.commit(self._meta_json()))
 
     def discard(self) -> None:
         """Throws the partial store away; nothing is left at `path`."""
@@ -400,8 +472,11 @@ def info(path: PathLike) -> dict:
         }
 
 
-def verify(path: PathLike) -> list:
-    """Damaged records of a store: a list of (index, source file name or None)."""
+def verify(path: PathLike, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecords:
+    """Damaged records of a store: (index, source file name or None) of the first `limit`
+    (None: all), with `.total` counting every damaged record."""
     with Store(path) as store:
-        sources = _meta_list(store, "sources")
-        return [(i, sources[i] if sources and i < len(sources) else None) for i in store.verify()]
+        damaged = store.verify(limit)
+        sources = _meta_list(store, "sources") if damaged else None
+        named = [(i, sources[i] if sources and i < len(sources) else None) for i in damaged]
+        return DamagedRecords(named, damaged.total)

@@ -38,6 +38,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StoreError", store_error)?;
     m.add("FORMAT_VERSION", crate::format::VERSION)?;
     m.add("MAX_META_LEN", crate::format::MAX_META_LEN)?;
+    m.add("MAX_META_VALUES", crate::format::MAX_META_VALUES)?;
+    m.add("MAX_META_DEPTH", crate::format::MAX_META_DEPTH)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     pack::register(m)?;
     prefetch::register(m)?;

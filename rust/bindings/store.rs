@@ -131,9 +131,10 @@ impl CoreStore {
         Ok(self.store()?.header().file_length)
     }
 
+    /// The metadata text; StoreError when it is beyond the bounds of a tree a reader builds.
     #[getter]
     fn meta_json(&self) -> PyResult<String> {
-        Ok(self.store()?.meta_json().to_owned())
+        Ok(self.store()?.bounded_meta_json().map_err(to_py)?.to_owned())
     }
 
     fn image_bytes(&self) -> PyResult<MappedBytes> {
@@ -190,10 +191,12 @@ impl CoreStore {
         .map_err(to_py)
     }
 
-    /// Record numbers whose checksum does not match their bytes.
-    fn verify(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+    /// (the first `limit` record numbers whose checksum does not match, how many there are); no limit: all.
+    #[pyo3(signature = (limit=None))]
+    fn verify(&self, py: Python<'_>, limit: Option<usize>) -> PyResult<(Vec<u64>, u64)> {
         let store = self.store()?;
-        Ok(py.detach(|| store.verify()))
+        let damage = py.detach(|| store.verify_limited(limit.unwrap_or(usize::MAX)));
+        Ok((damage.first, damage.total))
     }
 
     /// (resident, total) bytes of the file in the page cache.

@@ -7,12 +7,21 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::to_py;
-use crate::format::LabelDtype;
+use crate::format::{meta_shape, LabelDtype};
 use crate::writer::StoreWriter;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoreWriter>()?;
+    m.add_function(wrap_pyfunction!(check_meta, m)?)?;
     Ok(())
+}
+
+/// ValueError unless `meta_json` is a JSON object within the bounds a reader accepts.
+#[pyfunction]
+fn check_meta(meta_json: &str) -> PyResult<()> {
+    meta_shape(meta_json)
+        .and_then(|shape| shape.check_bounds())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// The Rust side of `fastload.StoreWriter`.
