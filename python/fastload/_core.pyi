@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 _Path = Union[str, os.PathLike[str]]
 
+__version__: str  # Cargo.toml's version: the package's one version number
 FORMAT_VERSION: int
 MAX_META_LEN: int
 PACK_MAX_PIXELS: int

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
-from fastload._core import StoreError
+from fastload._core import StoreError, __version__
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -311,8 +311,6 @@ class StoreWriter:
 
     def commit(self) -> Path:
         """Finishes the store and moves it into place; returns its path."""
-        from fastload._version import __version__
-
         meta = {
             "fastload_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
