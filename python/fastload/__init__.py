@@ -5,7 +5,7 @@ loops with batches gathered by Rust threads at memory bandwidth.
 """
 
 from fastload._core import StoreError
-from fastload._version import __version__
+from fastload._core import __version__
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 

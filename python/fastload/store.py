@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
-from fastload._core import StoreError
+from fastload._core import StoreError, __version__
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -366,8 +366,6 @@ class StoreWriter:
 
     def _meta_json(self) -> str:
         """The metadata as stored, with the writer's keys; ValueError naming what a reader would refuse."""
-        from fastload._version import __version__
-
         meta = {
             "fastload_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

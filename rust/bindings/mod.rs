@@ -36,6 +36,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let store_error = m.py().get_type::<StoreError>();
     store_error.setattr("__module__", "fastload")?;
     m.add("StoreError", store_error)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::VERSION)?;
     m.add("MAX_META_LEN", crate::format::MAX_META_LEN)?;
     m.add("MAX_META_VALUES", crate::format::MAX_META_VALUES)?;

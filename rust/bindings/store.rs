@@ -1,13 +1,13 @@
 //! Binding of `Store`, its zero-copy byte views and `gather`.
 
-use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 
 use memmap2::Mmap;
-use numpy::{PyReadonlyArray1, PyReadwriteArrayDyn};
+use numpy::ndarray::ArrayView1;
+use numpy::{PyArray1, PyReadonlyArray1, PyReadwriteArrayDyn};
 use pyo3::exceptions::PyValueError;
-use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::{to_py, StoreError};
 use crate::gather::{gather, resolve_indices};
@@ -15,51 +15,16 @@ use crate::store::Store;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoreStore>()?;
-    m.add_class::<MappedBytes>()?;
+    m.add_class::<Mapping>()?;
     m.add_function(wrap_pyfunction!(evict, m)?)?;
     Ok(())
 }
 
-/// Read-only bytes of a mapping, exposed through the buffer protocol. Each view
-/// holds the mapping alive, so NumPy arrays built on it outlive `Store.close()`.
+/// Keeps a mapping alive for as long as a NumPy array built on it (its `base`) lives, so
+/// views outlive `Store.close()`.
 #[pyclass(frozen, module = "fastload._core")]
-pub struct MappedBytes {
-    map: Arc<Mmap>,
-    start: usize,
-    len: usize,
-}
-
-#[pymethods]
-impl MappedBytes {
-    fn __len__(&self) -> usize {
-        self.len
-    }
-
-    /// # Safety
-    /// Called by CPython with a valid `view`; the buffer stays valid while `view.obj` (this object) lives.
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        let this = slf.get();
-        let ptr = this.map.as_ptr().add(this.start) as *mut std::os::raw::c_void;
-        // readonly = 1: a request for a writable buffer fails with BufferError.
-        if ffi::PyBuffer_FillInfo(
-            view,
-            slf.as_ptr(),
-            ptr,
-            this.len as ffi::Py_ssize_t,
-            1,
-            flags,
-        ) != 0
-        {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+pub struct Mapping {
+    _map: Arc<Mmap>,
 }
 
 /// The Rust side of `fastload.Store`. `close()` drops this handle's mapping; views keep theirs.
@@ -79,12 +44,21 @@ impl CoreStore {
     }
 }
 
-fn view(store: &Store, range: std::ops::Range<usize>) -> MappedBytes {
-    MappedBytes {
-        map: store.mapping(),
-        start: range.start,
-        len: range.len(),
-    }
+/// A read-only 1-D uint8 array over `range` of the store's mapping, owned by a `Mapping`.
+/// (A NumPy array rather than the buffer protocol, which the abi3-py39 API lacks.)
+fn view<'py>(py: Python<'py>, store: &Store, range: std::ops::Range<usize>) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let map = store.mapping();
+    // SAFETY: `range` lies inside the mapping (the store validated its layout), and the
+    // array's base owns an Arc of the mapping, so the memory outlives the array. The array
+    // is made read-only before Python sees it, and the mapping itself is read-only.
+    let array = unsafe {
+        let data = ArrayView1::from_shape_ptr(range.len(), map.as_ptr().add(range.start));
+        PyArray1::borrow_from_array(&data, Bound::new(py, Mapping { _map: map })?.into_any())
+    };
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("write", false)?;
+    array.call_method("setflags", (), Some(&kwargs))?;
+    Ok(array)
 }
 
 #[pymethods]
@@ -137,14 +111,14 @@ impl CoreStore {
         Ok(self.store()?.bounded_meta_json().map_err(to_py)?.to_owned())
     }
 
-    fn image_bytes(&self) -> PyResult<MappedBytes> {
+    fn image_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u8>>> {
         let s = self.store()?;
-        Ok(view(&s, s.images_range()))
+        view(py, &s, s.images_range())
     }
 
-    fn label_bytes(&self) -> PyResult<MappedBytes> {
+    fn label_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u8>>> {
         let s = self.store()?;
-        Ok(view(&s, s.labels_range()))
+        view(py, &s, s.labels_range())
     }
 
     /// Record number of a Python-style index; IndexError when out of range.

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fastload import _core
-from fastload._version import __version__
+from fastload._core import __version__
 from fastload.store import machine_memory
 
 

@@ -1,4 +1,0 @@
-"""The package version, in a module of its own so that any module can read it without importing
-the package `__init__` (which imports them). Keep in step with pyproject.toml."""
-
-__version__ = "0.1.0"
