@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -41,7 +42,7 @@ from torch import nn
 from fastload.bench.machine import usable_cores
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.monotonic import MonotonicRegressor
-from fastload.progress import ProgressLine
+from fastload.progress import Progress
 from fastload.store import PathLike, Store, _fspath, _is_int, machine_memory
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -467,23 +468,15 @@ class _EpochMeter:
         }
 
 
-class _Progress(ProgressLine):
+def _progress(enabled: bool, epoch: int, epochs: int, total: int) -> Progress:
     """Steps of one epoch, with the running loss, img/s and data-wait share."""
+    return Progress(enabled, total, desc=f"epoch {epoch + 1}/{epochs}", interval=0.2)
 
-    def __init__(self, enabled: bool, epoch: int, epochs: int, total: int):
-        super().__init__(enabled, total, interval=0.2, width=24)
-        self.epoch, self.epochs = epoch, epochs
 
-    def update(self, meter: _EpochMeter, force: bool = False) -> None:
-        if not self.due(force):
-            return
-        elapsed = max(meter.elapsed(), 1e-9)
-        loss = meter.loss_sum.item() / max(meter.samples, 1)
-        self.draw(
-            meter.steps,
-            f"epoch {self.epoch + 1}/{self.epochs} ",
-            f" loss {loss:.4g}  {meter.samples / elapsed:,.0f} img/s  data wait {100 * meter.wait / elapsed:.0f}%",
-        )
+def _progress_figures(meter: _EpochMeter) -> str:
+    elapsed = max(meter.elapsed(), 1e-9)
+    loss = meter.loss_sum.item() / max(meter.samples, 1)
+    return f"loss {loss:.4g}, {meter.samples / elapsed:,.0f} img/s, data wait {100 * meter.wait / elapsed:.0f}%"
 
 
 def prepare_images(images: torch.Tensor, config: dict, device: Union[str, torch.device]) -> torch.Tensor:
@@ -895,7 +888,7 @@ def _run(
         if partial:
             train_ds.load_state_dict(partial["dataset"])
             partial = None
-        bar = _Progress(progress, epoch, epochs, len(train_ds))
+        bar = _progress(progress, epoch, epochs, len(train_ds))
         for x, y, m in _device_batches(train_loader, train_prep, meter):
             rate = learning_rate(step, total_steps)
             try:
@@ -921,7 +914,7 @@ def _run(
             meter.samples += len(y)
             meter.steps += 1
             step += 1
-            bar.update(meter)
+            bar.update(meter.steps, functools.partial(_progress_figures, meter))
             stopping = max_steps is not None and step >= max_steps
             if stopping or (checkpoint_every and step % checkpoint_every == 0):
                 save(epoch, meter)
@@ -931,7 +924,7 @@ def _run(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = meter.elapsed()
-        bar.update(meter, force=True)
+        bar.update(meter.steps, functools.partial(_progress_figures, meter), force=True)
         bar.close()
         val_mae, val_rmse = _evaluate(model, val_loader, val_prep, amp_dtype)
         metrics = {
