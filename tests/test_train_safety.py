@@ -4,6 +4,7 @@ after killed runs, and refuse to resume on other records."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -171,6 +172,19 @@ def test_out_of_bounds_options_are_refused_before_the_store_is_opened(options, m
     # A missing store: an option check that ran after opening it would raise StoreError instead.
     with pytest.raises(ValueError, match=message):
         fit(tmp_path / "missing.fastload", **{**FAST, **options})
+
+
+@pytest.mark.parametrize("options,message", BAD_OPTIONS[:3], ids=[str(o) for o, _ in BAD_OPTIONS[:3]])
+def test_a_changed_config_is_checked_again(options, message, tmp_path):
+    # How a run derived from another (fit_many's per-model overrides) is made.
+    config = train_mod.TrainConfig(tmp_path / "missing.fastload", **FAST)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(config, **options)
+
+
+def test_an_unknown_option_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="learning_rate"):
+        fit(tmp_path / "missing.fastload", learning_rate=0.1)
 
 
 def test_a_batch_too_large_for_ram_is_refused_before_data_is_read(store_path, monkeypatch):
