@@ -79,6 +79,8 @@ class Trainer:
     def __init__(self, config: TrainConfig, data: TrainingData, steps_per_epoch: int, saved: Optional[dict]):
         self.options, self.data, self.device = config, data, config.torch_device
         backbone = config.backbone
+        # What rebuilds the model (build_model) and prepares its images: FitResult.config, and
+        # what a checkpoint must match to be resumed.
         self.config = {
             "backbone": backbone if isinstance(backbone, str) else "custom",
             "num_features": config.num_features,
