@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::pool;
 use crate::store::Store;
 
-/// Records per rayon task: large enough to amortise scheduling, small enough to balance.
-const RECORDS_PER_TASK_BYTES: usize = 1 << 20;
+/// Image bytes gathered per rayon task: large enough to amortise scheduling, small enough to balance.
+const BYTES_PER_TASK: usize = 1 << 20;
 
 /// Resolves Python-style indices (negative from the end) into record numbers, checking bounds.
 pub fn resolve_indices(store: &Store, indices: &[i64]) -> Result<Vec<usize>> {
@@ -52,7 +52,7 @@ pub fn gather(
     if n == 0 || image_len == 0 {
         return Ok(());
     }
-    let per_task = (RECORDS_PER_TASK_BYTES / image_len).max(1);
+    let per_task = (BYTES_PER_TASK / image_len).max(1);
     pool::install(|| {
         images
             .par_chunks_mut(image_len * per_task)

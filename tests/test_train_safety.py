@@ -4,6 +4,7 @@ after killed runs, and refuse to resume on other records."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -19,6 +20,7 @@ import torch
 from test_train import FAST, SIDE, _images_and_labels
 
 import fastload.train as train_mod
+import fastload.train.config as train_config
 from fastload import cli
 from fastload import store as store_mod
 from fastload.store import Store, StoreWriter, machine_memory
@@ -172,6 +174,19 @@ def test_out_of_bounds_options_are_refused_before_the_store_is_opened(options, m
         fit(tmp_path / "missing.fastload", **{**FAST, **options})
 
 
+@pytest.mark.parametrize("options,message", BAD_OPTIONS[:3], ids=[str(o) for o, _ in BAD_OPTIONS[:3]])
+def test_a_changed_config_is_checked_again(options, message, tmp_path):
+    # How a run derived from another (fit_many's per-model overrides) is made.
+    config = train_mod.TrainConfig(tmp_path / "missing.fastload", **FAST)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(config, **options)
+
+
+def test_an_unknown_option_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="learning_rate"):
+        fit(tmp_path / "missing.fastload", learning_rate=0.1)
+
+
 def test_a_batch_too_large_for_ram_is_refused_before_data_is_read(store_path, monkeypatch):
     def no_reads(*args):
         raise AssertionError("data was read")
@@ -211,9 +226,36 @@ def test_cli_batch_too_large_for_ram_exits_1(store_path, capsys):
 
 def test_a_diverging_run_says_so(store_path, monkeypatch):
     # Past the bound on lr (lifted here), the weights overflow and the lattice indexes with NaN.
-    monkeypatch.setattr(train_mod, "MAX_LR", 1e31)
-    with pytest.raises(ValueError, match="training diverged at step .* lower lr"):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    with pytest.raises(ValueError, match=r"step \d+ \(learning rate [^)]+\): non-finite parameters .*lower the"):
         fit(store_path, epochs=1, **{**FAST, "lr": 1e30})
+
+
+def test_a_diverged_model_never_overwrites_a_checkpoint(store_path, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    checkpoint = tmp_path / "run.ckpt"
+    with pytest.raises(ValueError, match=r"step (\d+) ") as caught:
+        fit(store_path, epochs=1, checkpoint=checkpoint, checkpoint_every=1, **{**FAST, "lr": 1e30})
+    saved = torch.load(checkpoint, weights_only=True)  # the last save before the run stopped
+    assert all(torch.isfinite(t).all() for t in saved["model"].values() if t.is_floating_point())
+    assert saved["step"] < int(caught.value.args[0].split()[1])
+
+
+def test_a_model_diverged_without_an_error_stops_before_evaluation(store_path, monkeypatch):
+    # NaN weights that raise nothing in the step (here: a step that sets them so) are caught
+    # once per epoch, before the validation pass would report a NaN RMSE.
+    step = train_mod.Trainer.train_step
+
+    def poisoning_step(self, *args):
+        step(self, *args)
+        with torch.no_grad():
+            next(self.model.parameters()).fill_(float("nan"))
+
+    monkeypatch.setattr(train_mod.Trainer, "train_step", poisoning_step)
+    logged = []
+    with pytest.raises(ValueError, match=rf"step {test_train.STEPS_PER_EPOCH} .*non-finite parameters"):
+        fit(store_path, epochs=1, log=logged.append, **FAST)
+    assert logged == []
 
 
 # ---------------------------------------------------------------- out of memory

@@ -11,8 +11,9 @@ import os
 import sys
 from typing import List, Optional
 
-from fastload import StoreError, __version__
+from fastload import StoreError, __version__, _core
 from fastload import store as store_mod
+from fastload.options import AMP_MODES, BACKBONES, MAX_LABELS_CSV_BYTES, RESIZE_MODES, SCHEDULES
 from fastload.progress import gigabytes as _gb
 
 
@@ -56,7 +57,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
+def _parse_positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
@@ -192,16 +194,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastload", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fastload",
+        description="Pack image folders into one store file and feed PyTorch training from it fast. "
+        "Start with `fastload pack`, then read the store with fastload.FastLoadDataset.",
+        epilog="exit status: 0 success, 1 failure, 2 usage error. `fastload COMMAND --help` tells more.",
+    )
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("info", help="summarise a store: size, labels, page-cache residency, memory plan")
+    p = sub.add_parser("info", help="what a store holds, its size, and whether it fits in memory")
     p.add_argument("store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_cmd_info)
 
-    p = sub.add_parser("verify", help="recompute every record checksum; exit 1 if any record is damaged")
+    p = sub.add_parser("verify", help="check every record of a store against its checksum")
     p.add_argument("store")
     p.add_argument(
         "--limit", type=_positive_int, default=store_mod.VERIFY_LIMIT, help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})"
@@ -210,24 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "pack",
-        help="pack a folder of images into a store (decoded and resized in parallel)",
+        help="turn a folder of images (and their labels) into a store",
         description="Pack every image under SRC into a new store DEST, in sorted path order. Labels come "
         "from --labels or from class subfolders (SRC/CLASS/...). Unreadable files are skipped and listed. "
         "Images (JPEG, PNG, WebP, BMP, TIFF, GIF's first frame; recognised by content) are turned upright by "
         "their EXIF orientation, composited on white where transparent, and resized with Lanczos3; images "
-        "over 100 megapixels are refused as decompression bombs.",
+        f"over {_core.PACK_MAX_PIXELS // 10**6} megapixels are refused as decompression bombs.",
         epilog="exit status: 0 packed (skipped files are listed, not fatal); 1 failed (bad files with "
         "--strict, unreadable SRC, no images, bad labels, DEST exists); 2 usage error. Nothing is written "
         "at DEST unless the pack succeeds.",
     )
     p.add_argument("src", metavar="SRC", help="folder of images")
     p.add_argument("dest", metavar="DEST", help="store file to create (outside SRC)")
-    p.add_argument("--size", type=_positive_int, default=256, help="side of the square records (default 256)")
-    p.add_argument("--height", type=_positive_int, help="record height (overrides --size)")
-    p.add_argument("--width", type=_positive_int, help="record width (overrides --size)")
+    p.add_argument("--size", type=_parse_positive_int, default=256, help="side of the square records (default 256)")
+    p.add_argument("--height", type=_parse_positive_int, help="record height (overrides --size)")
+    p.add_argument("--width", type=_parse_positive_int, help="record width (overrides --size)")
     p.add_argument(
         "--resize",
-        choices=("squash", "crop", "pad"),
+        choices=RESIZE_MODES,
         default="crop",
         help="squash: stretch; crop: scale the short side, cut the centre (default); pad: letterbox with --fill",
     )
@@ -235,16 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--labels",
         metavar="FILE.csv",
-        help="CSV of relative/path,label rows, at most 128 MiB; paths are taken as written (spaces "
+        help=f"CSV of relative/path,label rows, at most {MAX_LABELS_CSV_BYTES >> 20} MiB; paths are taken as written (spaces "
         "included); the first row is a header only if its label is not a number and its path names no file",
     )
     p.add_argument(
-        "--label-dtype", choices=("float64", "int64"), help="default: int64 for classes and integer CSVs"
+        "--label-dtype", choices=store_mod.LABEL_DTYPES, help="default: int64 for classes and integer CSVs"
     )
     p.add_argument(
         "--workers",
-        type=_positive_int,
-        help="decoding threads (default: all cores; at most 4 per core); they share one 2 GiB decode-memory budget",
+        type=_parse_positive_int,
+        help="decoding threads (default: all cores; at most 4 per core); they share one "
+        f"{_core.PACK_DECODE_MEMORY_BUDGET / 2**30:g} GiB decode-memory budget",
     )
     p.add_argument("--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed")
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
@@ -260,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="measure the feeding path (memory, disk, host-to-device), fastload and common loaders; name the bottleneck",
+        help="measure how fast this machine feeds training, and what limits it",
         description="Cold stages evict the store from the page cache. Without STORE a temporary store is written and removed.",
     )
     p.add_argument("store", nargs="?", help="a store to measure (default: a temporary synthetic one)")
@@ -278,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
-        help="train a monotonic image regressor on a store's float64 labels; report loss, RMSE and data wait",
+        help="train an image regressor on a store and see whether loading keeps up",
         description="Per epoch: train loss, validation MAE/RMSE, images/s and the data-wait fraction "
         "(the share of step time spent waiting for the next batch: near 0 means the loader keeps up).",
     )
@@ -296,9 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr", type=_train_option("lr", float), default=3e-3, help="peak AdamW learning rate (default 3e-3)"
     )
-    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine", help="learning-rate schedule")
+    p.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="learning-rate schedule")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    p.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off", help="mixed precision")
+    p.add_argument("--amp", choices=AMP_MODES, default="off", help="mixed precision")
     p.add_argument(
         "--workers", type=_train_option("workers"), default=0, help="DataLoader workers; 0 = Rust threads only"
     )
@@ -327,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "predicts less when one of them rises",
     )
     p.add_argument("--val-monotone-inputs", metavar="NPY", help="the same for the --val store")
-    p.add_argument("--backbone", choices=("small-cnn", "resnet18"), default="small-cnn", help="(needs torchvision)")
+    p.add_argument("--backbone", choices=BACKBONES, default="small-cnn", help="(needs torchvision)")
     p.add_argument(
         "--size",
         type=_train_option("size"),
@@ -339,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="pack, load and train on generated photos with a known answer; exit 1 if the model fails",
+        help="pack, load and train on generated photos, checking each step",
         description="Writes photo-like images whose label is a known monotone function of their brightness "
         "and of a per-record exposure, packs them, compares loaders, trains a monotonic regressor and "
         "checks its guarantee. Works in a temporary directory unless --dir is given.",

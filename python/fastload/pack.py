@@ -28,10 +28,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
-from fastload.progress import ProgressLine
+from fastload.options import MAX_LABELS_CSV_BYTES, RESIZE_MODES
+from fastload.progress import Progress
 from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath
 
-RESIZE_MODES = ("squash", "crop", "pad")
 #: Extensions taken for images when a file has no label (other unlabelled files are not images).
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".dib", ".tif", ".tiff", ".gif"}
@@ -43,9 +43,6 @@ MAX_CHUNK_RECORDS = 256
 MAX_CHUNK_BYTES = 256 << 20
 #: Problems listed in one error message before the rest are only counted.
 MAX_LISTED = 20
-#: Largest labels CSV read (its rows are held in memory); every name must fit the store's
-#: 64 MiB metadata anyway.
-MAX_LABELS_CSV_BYTES = 128 << 20
 #: Labels of an int64 store.
 INT64_RANGE = range(-(2**63), 2**63)
 #: Why a symbolic link out of SRC is not followed by default.
@@ -404,23 +401,6 @@ def _as_fill(fill: Union[int, Sequence[int]]) -> Tuple[int, int, int]:
     return int(rgb[0]), int(rgb[1]), int(rgb[2])
 
 
-class _ProgressBar(ProgressLine):
-    """Files, files/s, MB/s read and ETA."""
-
-    def update(self, done: int, source_bytes: int, force: bool = False) -> None:
-        if not self.due(force):
-            return
-        elapsed = self.elapsed()
-        rate = done / elapsed
-        eta = (self.total - done) / rate if rate > 0 else 0.0
-        self.draw(
-            done,
-            "",
-            f"files {rate:,.0f} files/s {source_bytes / 1e6 / elapsed:,.1f} MB/s "
-            f"ETA {int(eta) // 60}:{int(eta) % 60:02d}",
-        )
-
-
 def pack(
     src: PathLike,
     dest: PathLike,
@@ -484,7 +464,7 @@ def pack(
     if resize not in RESIZE_MODES:
         raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, not {resize!r}")
     if label_dtype is not None and label_dtype not in LABEL_DTYPES:
-        raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
+        raise ValueError(f"label_dtype must be {' or '.join(map(repr, LABEL_DTYPES))}, not {label_dtype!r}")
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool)):
         raise ValueError(f"workers must be an int, not {workers!r}")
     decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
@@ -530,7 +510,7 @@ def pack(
     sources: List[str] = []
     failed: List[Tuple[str, str]] = []
     source_bytes = 0
-    bar = _ProgressBar(not quiet and sys.stderr.isatty(), len(todo))
+    bar = Progress(not quiet and sys.stderr.isatty(), len(todo), desc="packing", unit=" files")
     try:
         with StoreWriter(dest, (height, width, 3), label_dtype, meta=meta, overwrite=overwrite) as writer:
             with ThreadPoolExecutor(1, thread_name_prefix="fastload-pack-writer") as io:
@@ -547,7 +527,7 @@ def pack(
                     writing = io.submit(writer.extend, images, [by_path[names[i]] for i in ok])
                     sources += [_display(names[i]) for i in ok]
                     done = start + len(names)
-                    bar.update(done, source_bytes, force=done == len(todo))
+                    bar.update(done, f"{source_bytes / 1e6 / bar.elapsed():,.1f} MB/s read", force=done == len(todo))
                     if progress is not None:
                         progress(done, len(todo))
                 if writing is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,6 +32,7 @@ from fastload.bench.stages import (
     bench_memcpy,
     bench_to_device,
 )
+from fastload.progress import Progress
 from fastload.store import PathLike, Store, StoreWriter, _fspath, machine_memory, memory_plan
 
 NOISY_SPREAD_PCT = 20.0
@@ -89,35 +89,6 @@ def write_synthetic_store(path: PathLike, size_bytes: int, shape=SYNTHETIC_SHAPE
     return Path(path)
 
 
-class Progress:
-    """Says which stage runs: a rich spinner on a terminal, plain lines on stderr otherwise."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._status = None
-        if enabled and sys.stderr.isatty():
-            try:
-                from rich.console import Console
-
-                self._status = Console(stderr=True).status("fastload bench")
-                self._status.start()
-            except ImportError:
-                pass
-
-    def __call__(self, message: str) -> None:
-        if not self.enabled:
-            return
-        if self._status is not None:
-            self._status.update(f"fastload bench: {message}")
-        else:
-            print(f"fastload bench: {message}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-
-
-
 def run(
     store: Optional[PathLike] = None,
     size_gb: Optional[float] = None,
@@ -160,12 +131,12 @@ def run(
         Store(store).close()  # a bad path fails here, before any stage runs
 
     plan = Plan.for_run(quick)
-    progress = Progress(console)
+    progress = Progress(console, desc="fastload bench")
     workdir = tempfile.mkdtemp(prefix="fastload-bench-")
     try:
         if store is None:
             gb = size_gb if size_gb is not None else (0.064 if quick else default_size_gb(workdir))
-            progress(f"writing a temporary {gb:.2f} GB store")
+            progress.say(f"writing a temporary {gb:.2f} GB store")
             path = str(write_synthetic_store(Path(workdir) / "bench.fastload", int(gb * 1e9)))
         else:
             path = store
@@ -230,18 +201,18 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
     skipped: Dict[str, str] = {}
     with ctx.resources:
         for number, name in enumerate(stages, 1):
-            progress(f"[{number}/{len(stages)}] setting up {name}")
+            progress.say(f"[{number}/{len(stages)}] setting up {name}")
             try:
                 figures.extend(BENCHES[name](ctx))
             except Skip as exc:
                 skipped[name] = str(exc)
-        run_rounds(ctx, [f for f in figures if not f.cold], progress)
+        run_rounds(ctx, [f for f in figures if not f.cold], progress.say)
         for figure in figures:
             if not figure.cold:
                 figure.trial = None  # releases what the trial maps before the cold runs
     cold = [f for f in figures if f.cold]
     if cold:
-        run_rounds(ctx, cold, progress)
+        run_rounds(ctx, cold, progress.say)
         note = cold_note(ctx)
         for figure in cold:
             figure.note, figure.trial = note, None

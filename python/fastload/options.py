@@ -1,0 +1,15 @@
+"""The choices and limits of options that the API checks and the command line offers: listed once
+here, so `fastload pack --resize` or `fastload train --amp` can never accept what `pack` or `fit`
+refuse (or the reverse). Needs neither torch nor the extension, so `fastload --help` stays fast."""
+
+#: `pack(resize=...)`: stretch, scale the short side and cut the centre, or letterbox.
+RESIZE_MODES = ("squash", "crop", "pad")
+#: Largest labels CSV `pack` reads (its rows are held in memory); every name must fit the
+#: store's 64 MiB metadata anyway.
+MAX_LABELS_CSV_BYTES = 128 << 20
+#: `fit(amp=...)`: mixed precision off, or autocast to bfloat16 / float16.
+AMP_MODES = ("off", "bf16", "fp16")
+#: `fit(schedule=...)`: learning-rate schedules.
+SCHEDULES = ("cosine", "constant")
+#: `fit(backbone=...)` by name (a torch module is accepted too).
+BACKBONES = ("small-cnn", "resnet18")

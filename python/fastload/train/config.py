@@ -1,0 +1,190 @@
+"""`TrainConfig`: every option of :func:`fastload.train.fit`, checked in one place before any
+data is read, and the checks the command line shares (:func:`option_problem`,
+:func:`check_outputs`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from fastload.bench.machine import usable_cores
+from fastload.options import AMP_MODES, SCHEDULES
+from fastload.store import PathLike, Store, _fspath, _is_int, machine_memory
+from fastload.train.checkpoint import check_checkpoint_path
+
+# Bounds on the options, so a slip (--threads 100000, --workers 500, --size 100000) is refused
+# before anything runs instead of crashing torch, exhausting memory or leaving workers behind.
+MAX_THREADS, MAX_WORKERS, PER_CORE = 256, 64, 4
+MAX_LR = 10.0  # AdamW moves every parameter by about lr a step: beyond this it diverges at once
+MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB before any layer
+# Host bytes a training step holds per image byte of its batch: the uint8 buffers in flight
+# (the one in use and the prefetched ones) and the float32 copy the model reads.
+BATCH_BYTES_PER_IMAGE_BYTE = 8
+
+
+@dataclass
+class TrainConfig:
+    """The options of one training run (as :func:`~fastload.train.fit` takes them), checked when
+    the config is made: bad values raise ValueError naming the option, before any data is read
+    (``dataclasses.replace`` checks the changed config again). ``torch_device`` is ``device``
+    resolved."""
+
+    store: Union[Store, PathLike]
+    val: Union[Store, PathLike, None] = None
+    val_fraction: float = 0.1
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 3e-3
+    schedule: str = "cosine"
+    device: Union[str, torch.device] = "auto"
+    amp: str = "off"
+    workers: int = 0
+    seed: int = 0
+    checkpoint: Optional[PathLike] = None
+    checkpoint_every: Optional[int] = None
+    resume: Optional[PathLike] = None
+    monotone_inputs: Any = None
+    val_monotone_inputs: Any = None
+    backbone: Union[str, nn.Module, None] = "small-cnn"
+    num_features: int = 8
+    lattice_size: int = 3
+    size: Optional[int] = None
+    weight_decay: float = 0.0
+    max_steps: Optional[int] = None
+    deterministic: bool = False
+    threads: Optional[int] = None
+    log: Optional[Callable[[dict], None]] = None
+    progress: Optional[bool] = None  # None: when stderr is a terminal
+    torch_device: torch.device = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, not {self.amp!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {self.schedule!r}")
+        bounded = ("epochs", "batch_size", "max_steps", "checkpoint_every", "threads", "workers", "size")
+        for name in bounded + ("lr", "weight_decay", "val_fraction"):
+            value = getattr(self, name)
+            if name == "val_fraction" and self.val is not None:
+                continue  # unused with a separate validation store
+            problem = None if value is None else option_problem(name, value)
+            if problem:
+                raise ValueError(f"{name} {problem}")
+        self.torch_device = resolve_device(self.device)
+        if self.checkpoint is not None:
+            self.checkpoint = _fspath(self.checkpoint, "checkpoint")
+            check_outputs({"checkpoint": self.checkpoint}, self.inputs())
+            check_checkpoint_path(self.checkpoint)
+        if self.progress is None:
+            self.progress = sys.stderr.isatty()
+
+    def inputs(self) -> dict:
+        """The files the run reads, by what they are (as :func:`check_outputs` takes them)."""
+        return {
+            "store": self.store,
+            "validation store": self.val,
+            "monotone inputs": self.monotone_inputs,
+            "validation monotone inputs": self.val_monotone_inputs,
+        }
+
+
+def _integer_bounds() -> dict:
+    """name -> (lowest, highest or None, why the highest) of fit's integer options."""
+    cores = usable_cores()
+    per_core = f"{PER_CORE} per core on this machine, at most"
+    return {
+        "epochs": (1, None, ""),
+        "batch_size": (1, None, ""),
+        "max_steps": (1, None, ""),
+        "checkpoint_every": (1, None, ""),
+        "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
+        "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
+        "size": (8, MAX_SIZE, "a larger image does not fit a backbone's memory"),
+    }
+
+
+def option_problem(name: str, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for fit's option ``name`` ("must be between 0 and 8 (...),
+    not 500"), or None. Shared with the command line, whose messages name the flag."""
+    if name in ("lr", "weight_decay", "val_fraction"):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return f"must be a number, not {value!r}"
+        if name == "val_fraction":
+            return None if 0 < value < 1 else f"must be between 0 and 1 (exclusive), not {value}"
+        if name == "weight_decay":
+            return None if 0 <= value < math.inf else f"must be a finite number, at least 0, not {value}"
+        return None if 0 < value <= MAX_LR else f"must be above 0 and at most {MAX_LR:g}, not {value}"
+    low, high, why = _integer_bounds()[name]
+    if not _is_int(value):
+        return f"must be an integer, not {value!r}"
+    if high is None:
+        return None if value >= low else f"must be at least {low}, not {value}"
+    return None if low <= value <= high else f"must be between {low} and {high} ({why}), not {value}"
+
+
+def check_batch_memory(batch_size: int, store: Store) -> None:
+    """Refuses a batch whose buffers cannot fit in this machine's RAM (when it is known)."""
+    per_record = BATCH_BYTES_PER_IMAGE_BYTE * store.image_nbytes
+    ram = machine_memory()
+    if ram and batch_size * per_record > ram:
+        h, w, c = store.shape
+        raise ValueError(
+            f"batch_size must be between 1 and {ram // per_record:,} for {h}x{w}x{c} records of "
+            f"{store.path} (a step holds about {per_record:,} bytes per record, this machine has "
+            f"{ram / 1e9:.1f} GB of RAM), not {batch_size:,}"
+        )
+
+
+def resolve_device(device: Union[str, torch.device]) -> torch.device:
+    """'auto' picks CUDA when available; CUDA asked for on a machine without it fails now,
+    before any data is read, rather than at the first batch."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', not {device!r} ({exc})") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {str(device)!r} was requested but CUDA is not available on this machine "
+            f"(torch {torch.__version__}); use device 'cpu' or 'auto'"
+        )
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return resolved
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)  # by device and inode: symlinks and hard links included
+    except OSError:  # one does not exist (yet): the same file only where both lead to one place
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(outputs: dict, inputs: dict) -> None:
+    """Refuses an output path (name -> path or None) that is one of the input files (name ->
+    path, Store, array or None), compared by inode rather than spelling, so a run can never
+    replace or append to its own store, validation store or inputs."""
+    paths = {}
+    for name, source in inputs.items():
+        source = source.path if isinstance(source, Store) else source
+        if isinstance(source, (str, os.PathLike)):
+            paths[name] = os.fspath(source)
+    for out_name, out in outputs.items():
+        if out is None:
+            continue
+        out = _fspath(out, out_name)
+        for name, path in paths.items():
+            if _same_file(out, path):
+                raise ValueError(
+                    f"{out_name} {out} is the {name} {path}: training would overwrite it; choose another path"
+                )

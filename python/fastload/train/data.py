@@ -1,0 +1,336 @@
+"""The data side of training: the stores and their split, the per-record monotone inputs, the
+statistics the model is built from (:class:`TrainingData`), and the stream of device batches
+every trainer of a run consumes (:class:`DataStream`).
+
+Host-to-device overlap: on CUDA, right after the host code of step k has queued its kernels, the
+stream fetches batch k+1 and copies its uint8 bytes on a side stream (``non_blocking`` from the
+dataset's pinned buffers), so the copy runs while the GPU still computes step k; nothing
+synchronizes per step. On CPU it is a plain loop: the dataset's Rust thread already gathers the
+next batches in the background.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fastload.dataset import FastLoadDataset, split_indices, to_device
+from fastload.store import PathLike, Store, _fspath
+from fastload.train.checkpoint import check_same_stores, store_fingerprint
+from fastload.train.config import TrainConfig, check_batch_memory
+
+# The output calibrator's range: the training labels' range widened by this share of its span on
+# each side, so predictions start inside the labels' range and can still reach its ends.
+LABEL_MARGIN = 0.1
+# Images sampled to estimate the per-channel mean and standard deviation used for normalizing.
+NORMALIZATION_SAMPLE = 512
+
+
+@dataclass
+class TrainingData:
+    """What a run trains and validates on, opened and checked: the same for every model trained
+    on it. ``stores`` fingerprints them for checkpoints; ``statistics`` is the data's part of a
+    run's model config (channels, input and output ranges, normalization)."""
+
+    train_store: Store
+    val_store: Store
+    train_indices: np.ndarray
+    val_indices: np.ndarray
+    train_monotone: Optional[np.ndarray]
+    val_monotone: Optional[np.ndarray]
+    stores: dict
+    baseline_rmse: float  # validation RMSE of always predicting the training labels' mean
+    statistics: dict
+
+
+def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
+    """Opens and checks the stores and inputs of ``config``; with ``saved`` (a checkpoint being
+    resumed), refuses stores other than those it was trained on."""
+    train_store = _open_regression_store(config.store, "store")
+    check_batch_memory(config.batch_size, train_store)
+    val = config.val
+    if val is not None:
+        val_store = _open_regression_store(val, "validation store")
+        if val_store.shape[2] != train_store.shape[2]:
+            raise ValueError(
+                f"validation store {val_store.path} has {val_store.shape[2]} channels, "
+                f"the training store {train_store.shape[2]}"
+            )
+        check_batch_memory(config.batch_size, val_store)
+    stores = {
+        "store": {"path": str(train_store.path), "fingerprint": store_fingerprint(train_store)},
+        "validation store": None
+        if val is None
+        else {"path": str(val_store.path), "fingerprint": store_fingerprint(val_store)},
+    }
+    if saved is not None:
+        check_same_stores(_fspath(config.resume), saved, stores)
+    if val is not None:
+        train_idx, val_idx = np.arange(len(train_store)), np.arange(len(val_store))
+    else:
+        val_store = train_store
+        train_idx, val_idx = split_indices(train_store, config.val_fraction, seed=config.seed)
+        train_idx, val_idx = np.asarray(train_idx), np.asarray(val_idx)
+    if len(val_idx) == 0:
+        raise ValueError(
+            f"the validation split of {train_store.path} is empty ({len(train_store)} records, "
+            f"val_fraction {config.val_fraction}); raise val_fraction or pass a validation store"
+        )
+    if len(train_idx) == 0:
+        raise ValueError(f"no training records left in {train_store.path} after the validation split")
+
+    train_mono = val_mono = None
+    if config.monotone_inputs is not None:
+        train_mono = load_monotone_inputs(config.monotone_inputs, len(train_store))
+        if val is None:
+            val_mono = train_mono
+        elif config.val_monotone_inputs is None:
+            raise ValueError("with a separate validation store, pass val_monotone_inputs aligned with it")
+        else:
+            val_mono = load_monotone_inputs(config.val_monotone_inputs, len(val_store))
+            if val_mono.shape[1] != train_mono.shape[1]:
+                raise ValueError(
+                    f"val_monotone_inputs has {val_mono.shape[1]} columns, monotone_inputs {train_mono.shape[1]}"
+                )
+    elif config.val_monotone_inputs is not None:
+        raise ValueError("val_monotone_inputs given without monotone_inputs")
+
+    train_labels = np.asarray(train_store.labels)[train_idx]
+    val_labels = np.asarray(val_store.labels)[val_idx]
+    for what, path, labels in (
+        ("store", train_store.path, train_labels),
+        ("validation", val_store.path, val_labels),
+    ):
+        if not np.all(np.isfinite(labels)):
+            raise ValueError(f"{what} {path} has NaN or infinite labels; a regression target must be finite")
+    mean, std = _channel_statistics(train_store, train_idx, config.seed)
+    return TrainingData(
+        train_store=train_store,
+        val_store=val_store,
+        train_indices=train_idx,
+        val_indices=val_idx,
+        train_monotone=train_mono,
+        val_monotone=val_mono,
+        stores=stores,
+        baseline_rmse=float(np.sqrt(np.mean((val_labels - train_labels.mean()) ** 2))),
+        statistics={
+            "in_channels": train_store.shape[2],
+            "monotone_input_range": _column_ranges(train_mono[train_idx]) if train_mono is not None else [],
+            "output_range": list(_output_range(train_labels)),
+            "mean": mean,
+            "std": std,
+        },
+    )
+
+
+class EpochMeter:
+    """Running totals of one model's epoch; part of a checkpoint so a resumed epoch reports
+    whole-epoch figures. ``wait`` is the time the data stream spent blocked in ``next()``."""
+
+    def __init__(self, device: torch.device, saved: Optional[dict] = None):
+        saved = saved or {}
+        self.loss_sum = torch.tensor(saved.get("loss_sum", 0.0), dtype=torch.float64, device=device)
+        self.samples = saved.get("samples", 0)
+        self.steps = saved.get("steps", 0)
+        self.wait = saved.get("wait", 0.0)  # seconds blocked in next()
+        self.seconds = saved.get("seconds", 0.0)  # wall time of the training loop
+        self.started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.seconds + time.perf_counter() - self.started
+
+    def state(self) -> dict:
+        return {
+            "loss_sum": self.loss_sum.item(),
+            "samples": self.samples,
+            "steps": self.steps,
+            "wait": self.wait,
+            "seconds": self.elapsed(),
+        }
+
+
+class DataStream:
+    """The batches of one run, on the device: the training and validation datasets, their
+    loaders, and the time spent waiting for them. One stream can feed several models, each
+    step's device batch shared by all of them."""
+
+    def __init__(self, config: TrainConfig, data: TrainingData):
+        self.device = device = config.torch_device
+        # Pinned host buffers only pay off when batches go to a GPU.
+        loading = {"return_indices": True, "pin_memory": device.type == "cuda"}
+        size = config.batch_size
+        self.train_ds = FastLoadDataset(data.train_store, size, seed=config.seed, indices=data.train_indices, **loading)
+        self.val_ds = FastLoadDataset(data.val_store, size, shuffle=False, indices=data.val_indices, **loading)
+        images = {**data.statistics, "size": config.size}  # what prepare_images reads
+        self.train_prep = BatchPreparer(device, images, data.train_monotone)
+        self.val_prep = BatchPreparer(device, images, data.val_monotone)
+        self.train_loader = _make_loader(self.train_ds, config.workers, device)
+        self.val_loader = _make_loader(self.val_ds, config.workers, device)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.train_ds)
+
+    def position(self, epoch: int, meter: EpochMeter) -> dict:
+        """Where the training dataset stands after the batches ``meter`` counted, in
+        ``FastLoadDataset.state_dict()`` form: exact with worker processes too (whose progress
+        the dataset object here cannot see), and after an epoch's last batch too."""
+        return {"seed": self.train_ds.seed, "epoch": epoch, "position": meter.steps}
+
+    def train_epoch(
+        self, epoch: int, meters: Sequence[EpochMeter], position: Optional[dict] = None
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        """The training batches of ``epoch`` (from ``position`` on, when resuming mid-epoch),
+        the wait for each added to ``meters``."""
+        self.train_ds.set_epoch(epoch)
+        if position is not None:
+            self.train_ds.load_state_dict(position)
+        return _device_batches(self.train_loader, self.train_prep, meters)
+
+    def validation(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        return _device_batches(self.val_loader, self.val_prep, ())
+
+
+def load_monotone_inputs(source: Any, count: int, what: str = "monotone inputs") -> np.ndarray:
+    """Per-record scalar inputs, aligned with a store of ``count`` records, as float32 (N, K).
+    ``source`` is a path to a ``.npy`` file or an array of shape (N,) or (N, K)."""
+    if isinstance(source, (str, os.PathLike)):
+        what = _fspath(source)
+        try:
+            arr = np.load(what, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{what}: not a .npy array of numbers ({exc})") from None
+        if not isinstance(arr, np.ndarray):
+            raise ValueError(f"{what}: expected a .npy file holding one array, not an .npz archive")
+    else:
+        arr = np.asarray(source)
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"{what}: monotone inputs must be real numbers, not {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2 or arr.shape[1] == 0:
+        raise ValueError(f"{what}: monotone inputs must have shape (N,) or (N, K), not {arr.shape}")
+    if len(arr) != count:
+        raise ValueError(
+            f"{what}: {len(arr)} rows of monotone inputs for a store of {count} records; "
+            "they must be aligned with the store, one row per record"
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{what}: monotone inputs contain NaN or infinite values")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _open_regression_store(store: Union[Store, PathLike], what: str) -> Store:
+    opened = store if isinstance(store, Store) else Store(store)
+    if opened.label_dtype != np.float64:
+        raise ValueError(
+            f"{what} {opened.path} has {opened.label_dtype} labels (class indices); regression needs "
+            "real-valued float64 labels (pack with --label-dtype float64 and a labels CSV)"
+        )
+    if len(opened) == 0:
+        raise ValueError(f"{what} {opened.path} holds no records")
+    return opened
+
+
+def _column_ranges(values: np.ndarray) -> List[Tuple[float, float]]:
+    """(min, max) per column, widened where a column is constant so a calibrator can be built."""
+    ranges = []
+    for low, high in zip(values.min(0).tolist(), values.max(0).tolist()):
+        ranges.append((low, high) if high > low else (low - 0.5, high + 0.5))
+    return ranges
+
+
+def _output_range(labels: np.ndarray) -> Tuple[float, float]:
+    low, high = float(labels.min()), float(labels.max())
+    margin = LABEL_MARGIN * (high - low) if high > low else 1.0
+    return low - margin, high + margin
+
+
+def _channel_statistics(store: Store, indices: np.ndarray, seed: int) -> Tuple[list, list]:
+    """Per-channel mean and std (0..1 scale) of a sample of training images."""
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(indices, size=min(len(indices), NORMALIZATION_SAMPLE), replace=False))
+    images, _ = store.gather(sample)
+    pixels = images.reshape(-1, store.shape[2]).astype(np.float64) / 255.0
+    std = np.maximum(pixels.std(0), 1e-3)
+    return pixels.mean(0).tolist(), std.tolist()
+
+
+def prepare_images(images: torch.Tensor, config: dict, device: Union[str, torch.device]) -> torch.Tensor:
+    """What the model of a run with ``config`` sees: a uint8 N×H×W×C batch moved to ``device``
+    (as uint8, so the bus carries a quarter of the float32 bytes), converted and normalized
+    there, and downscaled there to ``config["size"]`` when set."""
+    x = to_device(images, device, mean=config["mean"], std=config["std"])
+    size = config["size"]
+    if size and tuple(x.shape[-2:]) != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+    return x
+
+
+class BatchPreparer:
+    """Turns a host batch (images, labels, record indices) into device tensors; the record
+    indices look up the per-record monotone inputs."""
+
+    def __init__(self, device: torch.device, config: dict, monotone: Optional[np.ndarray]):
+        self.device, self.config, self.monotone = device, config, monotone
+
+    def __call__(self, batch):
+        images, labels, indices = batch
+        x = prepare_images(images, self.config, self.device)
+        y = labels.to(self.device, dtype=torch.float32, non_blocking=True)
+        m = None
+        if self.monotone is not None:
+            m = torch.from_numpy(self.monotone[indices.numpy()]).to(self.device, non_blocking=True)
+        return x, y, m
+
+
+def _device_batches(loader, prepare: BatchPreparer, meters: Sequence[EpochMeter]):
+    """Yields (x, y, m) already on the device, adding the wait in ``next()`` to each of ``meters``.
+
+    The generator resumes only after the caller's step has queued its work, so on CUDA the
+    next batch's copy (on a side stream) overlaps that step's kernels. The host batch is kept
+    alive until its copy has completed, so the dataset cannot reuse its buffer too early."""
+    device = prepare.device
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    iterator = iter(loader)
+    in_flight = None  # (host batch, event recorded after its copy)
+    while True:
+        started = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        waited = time.perf_counter() - started
+        for meter in meters:
+            meter.wait += waited
+        if stream is None:
+            yield prepare(batch)
+            continue
+        with torch.cuda.stream(stream):
+            tensors = prepare(batch)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+        current = torch.cuda.current_stream(device)
+        current.wait_stream(stream)
+        for t in tensors:
+            if t is not None:
+                t.record_stream(current)
+        if in_flight is not None:
+            in_flight[1].synchronize()
+        in_flight = (batch, copied)
+        yield tensors
+
+
+def _make_loader(dataset: FastLoadDataset, workers: int, device: torch.device):
+    """The dataset itself at workers=0 (Rust threads only); else a DataLoader of worker processes."""
+    if workers == 0:
+        return dataset
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=workers, pin_memory=device.type == "cuda"
+    )

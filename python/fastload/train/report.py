@@ -1,0 +1,48 @@
+"""How a run's epochs are reported: a human line (:func:`format_epoch`) or JSON, on stdout and
+optionally appended to a file (:func:`epoch_logger`, the ``log`` of :func:`~fastload.train.fit`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, TextIO
+
+from fastload.store import PathLike, _fspath
+
+
+def format_epoch(metrics: dict) -> str:
+    """One human-readable line for an epoch's metrics."""
+    line = (
+        f"epoch {metrics['epoch']}/{metrics['epochs']}  train loss {metrics['train_loss']:.4g}  "
+        f"val MAE {metrics['val_mae']:.4g}  RMSE {metrics['val_rmse']:.4g} "
+        f"(mean baseline {metrics['baseline_rmse']:.4g})  {metrics['images_per_s']:,.0f} img/s  "
+        f"data wait {100 * metrics['data_wait_fraction']:.1f}%"
+    )
+    if "gpu_max_memory_bytes" in metrics:
+        line += f"  GPU memory {metrics['gpu_max_memory_bytes'] / 2**30:.2f} GiB"
+    if "gpu_utilization_percent" in metrics:
+        line += f"  GPU busy {metrics['gpu_utilization_percent']}%"
+    return line
+
+
+def epoch_logger(
+    json_lines: bool = False, json_log: Optional[PathLike] = None, stream: Optional[TextIO] = None
+):
+    """A ``log`` callable for :func:`fit`: a line per epoch on ``stream`` (default: the current
+    stdout; JSON or human) and, with ``json_log``, a JSON line appended to that file, which is
+    opened (created if missing) now, so an unwritable path fails before the first epoch."""
+    if json_log is not None:
+        json_log = _fspath(json_log, "json_log")
+        with open(json_log, "a", encoding="utf-8"):
+            pass
+
+    def log(metrics: dict) -> None:
+        line = json.dumps(metrics)
+        out = sys.stdout if stream is None else stream
+        out.write((line if json_lines else format_epoch(metrics)) + "\n")
+        out.flush()
+        if json_log is not None:
+            with open(json_log, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    return log

@@ -1,0 +1,346 @@
+"""One model's training (:class:`Trainer`: model, optimizer, schedule, mixed precision, a step,
+evaluation, checkpoints) and the loop that feeds it a :class:`~fastload.train.data.DataStream`
+(:func:`train`).
+
+Every epoch reports the **data-wait fraction**: the share of the training wall time spent blocked
+in ``next()`` waiting for the next batch. Near 0 the loader keeps up and the model is the
+bottleneck; well above 0 the loader (or the disk under it) is.
+
+Checkpoints hold the model, optimizer, gradient scaler and dataset position, the epoch and step,
+the partial epoch's metrics, the RNG states and a fingerprint of the stores trained on. Resuming
+continues with exactly the batches the stopped run had not yet trained on, so a run stopped
+mid-epoch and resumed ends with the same parameters as one that never stopped. A model whose
+parameters are no longer finite stops the run (ValueError naming the step) before it is
+evaluated or saved, so a diverged model never overwrites a good checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastload.monotonic import MonotonicRegressor, check_finite_parameters
+from fastload.options import BACKBONES
+from fastload.progress import Progress
+from fastload.train.checkpoint import CHECKPOINT_FORMAT, rng_state, save_atomically, set_rng_state
+from fastload.train.config import TrainConfig
+from fastload.train.data import DataStream, EpochMeter, TrainingData
+
+AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+WARMUP_SHARE = 0.05  # cosine schedule: linear warm-up over this share of the steps
+
+Batches = Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns. ``history`` holds one metrics dict per epoch finished in this call
+    (and the epochs before it when resumed): the same dicts the JSON log lines carry."""
+
+    model: nn.Module
+    history: List[dict]
+    steps: int
+    completed: bool  # False when max_steps stopped the run before the last epoch ended
+    baseline_rmse: float  # validation RMSE of always predicting the training labels' mean
+    device: str
+    config: dict  # how to rebuild the model (build_model) and prepare its images (prepare_images)
+    val_indices: np.ndarray  # the validation records (of the validation store when one was given)
+
+
+@contextlib.contextmanager
+def torch_settings(config: TrainConfig):
+    """torch's deterministic mode and CPU threads as ``config`` asks, for the run only."""
+    previous_deterministic = torch.are_deterministic_algorithms_enabled()
+    previous_threads = torch.get_num_threads()
+    if config.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous_deterministic)
+        torch.set_num_threads(previous_threads)
+
+
+class Trainer:
+    """One model trained on a run's data: built from ``config`` (its model options, seed,
+    optimizer, schedule, precision, checkpoint) and ``data`` (the statistics it is built from),
+    resumed from ``saved`` when given. The loop (:func:`train`) hands it device batches."""
+
+    def __init__(self, config: TrainConfig, data: TrainingData, steps_per_epoch: int, saved: Optional[dict]):
+        self.options, self.data, self.device = config, data, config.torch_device
+        backbone = config.backbone
+        # What rebuilds the model (build_model) and prepares its images: FitResult.config, and
+        # what a checkpoint must match to be resumed.
+        self.config = {
+            "backbone": backbone if isinstance(backbone, str) else "custom",
+            "num_features": config.num_features,
+            "lattice_size": config.lattice_size,
+            **data.statistics,
+            "size": config.size,
+            "seed": config.seed,
+            "batch_size": config.batch_size,
+        }
+        if saved is not None and saved["config"] != self.config:
+            differing = sorted(k for k in self.config if saved["config"].get(k) != self.config[k])
+            raise ValueError(
+                f"{config.resume}: the checkpoint was written for a different run (differs in: "
+                f"{', '.join(differing)}); resume with the same store, split, monotone inputs and options"
+            )
+        torch.manual_seed(config.seed)
+        self.model = build_model(self.config, backbone).to(self.device)
+        if self.device.type == "cuda":
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
+        self.amp_dtype = AMP_DTYPES[config.amp]
+        self.total_steps = config.epochs * steps_per_epoch
+        self.epoch, self.step, self.history, self.partial = 0, 0, [], None
+        self.rate = config.lr
+        if saved is not None:
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scaler.load_state_dict(saved["scaler"])
+            self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
+            self.history = list(saved["history"])
+            set_rng_state(saved["rng"])
+
+    @property
+    def done(self) -> bool:
+        """Whether ``max_steps`` steps have been taken."""
+        return self.options.max_steps is not None and self.step >= self.options.max_steps
+
+    def start_epoch(self, epoch: int) -> Tuple[EpochMeter, Optional[dict]]:
+        """The meter of ``epoch`` and, when it resumes a stopped epoch, the dataset position to
+        continue from."""
+        partial, self.partial = self.partial, None
+        meter = EpochMeter(self.device, partial["meter"] if partial else None)
+        return meter, partial["dataset"] if partial else None
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor], meter: EpochMeter) -> None:
+        """One optimizer step on a device batch, at the schedule's learning rate."""
+        o = self.options
+        self.rate = learning_rate(o.schedule, o.lr, self.step, self.total_steps)
+        try:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                pred = self.model(x, m)
+            loss = F.mse_loss(pred.float(), y)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.rate
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        except (IndexError, RuntimeError):
+            # A NaN weight makes the lattice look up a cell at index -2**63.
+            self.check_finite(self.step + 1)
+            raise
+        meter.loss_sum += loss.detach().double() * len(y)
+        meter.samples += len(y)
+        meter.steps += 1
+        self.step += 1
+
+    def check_finite(self, step: Optional[int] = None) -> None:
+        """Stops the run (ValueError naming the step and learning rate) when a parameter is NaN
+        or infinite: training on would only spread it, and saving it would lose the last good
+        checkpoint. Waits for the device."""
+        try:
+            check_finite_parameters(self.model)
+        except ValueError as exc:
+            step = self.step if step is None else step
+            raise ValueError(f"step {step} (learning rate {self.rate:g}): {exc}") from None
+
+    def checkpoint_due(self) -> bool:
+        every = self.options.checkpoint_every
+        return self.done or bool(every and self.step % every == 0)
+
+    def save(self, epoch: int, position: Optional[dict] = None, meter: Optional[EpochMeter] = None) -> None:
+        """Writes the checkpoint, when the run has one: mid-epoch (with the dataset ``position``
+        and the ``meter``) or at the start of ``epoch``."""
+        path = self.options.checkpoint
+        if path is None:
+            return
+        self.check_finite()
+        save_atomically(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "config": self.config,
+                "stores": self.data.stores,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "epoch": epoch,
+                "step": self.step,
+                "history": self.history,
+                "partial": None if meter is None else {"dataset": position, "meter": meter.state()},
+                "rng": rng_state(),
+            },
+            path,
+        )
+
+    @torch.no_grad()
+    def evaluate(self, batches: Batches) -> Tuple[float, float]:
+        """(MAE, RMSE) of the model over ``batches``, in eval mode."""
+        self.check_finite()
+        was_training = self.model.training
+        self.model.eval()
+        abs_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        sq_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = 0
+        try:
+            for x, y, m in batches:
+                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                    pred = self.model(x, m)
+                err = pred.double() - y.double()
+                abs_sum += err.abs().sum()
+                sq_sum += err.square().sum()
+                count += len(y)
+        finally:
+            self.model.train(was_training)
+        return abs_sum.item() / count, math.sqrt(sq_sum.item() / count)
+
+    def end_epoch(self, epoch: int, meter: EpochMeter, seconds: float, val_mae: float, val_rmse: float) -> dict:
+        """Records (and logs) the metrics of a finished epoch."""
+        metrics = {
+            "epoch": epoch + 1,
+            "epochs": self.options.epochs,
+            "step": self.step,
+            "train_loss": meter.loss_sum.item() / max(meter.samples, 1),
+            "val_mae": val_mae,
+            "val_rmse": val_rmse,
+            "baseline_rmse": self.data.baseline_rmse,
+            "images_per_s": meter.samples / seconds if seconds > 0 else 0.0,
+            "data_wait_fraction": meter.wait / seconds if seconds > 0 else 0.0,
+            "seconds": seconds,
+            "device": str(self.device),
+            **_gpu_metrics(self.device),
+        }
+        self.history.append(metrics)
+        if self.options.log is not None:
+            self.options.log(metrics)
+        return metrics
+
+    def result(self, completed: bool) -> FitResult:
+        return FitResult(
+            self.model,
+            self.history,
+            self.step,
+            completed,
+            self.data.baseline_rmse,
+            str(self.device),
+            self.config,
+            self.data.val_indices,
+        )
+
+
+def train(stream: DataStream, trainer: Trainer) -> FitResult:
+    """Trains ``trainer``'s model on ``stream`` for the epochs its config asks (from where a
+    resumed checkpoint stopped), saving at each checkpoint and epoch end."""
+    options, device = trainer.options, stream.device
+    if trainer.done:
+        return trainer.result(completed=False)
+    trainer.model.train()
+    for epoch in range(trainer.epoch, options.epochs):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the epoch's peak, not the process's
+        meter, position = trainer.start_epoch(epoch)
+        bar = Progress(options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2)
+        figures = functools.partial(_progress_figures, meter)
+        for x, y, m in stream.train_epoch(epoch, [meter], position):
+            trainer.train_step(x, y, m, meter)
+            bar.update(meter.steps, figures)
+            if trainer.checkpoint_due():
+                trainer.save(epoch, stream.position(epoch, meter), meter)
+            if trainer.done:
+                bar.close()
+                return trainer.result(completed=False)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = meter.elapsed()
+        bar.update(meter.steps, figures, force=True)
+        bar.close()
+        trainer.end_epoch(epoch, meter, seconds, *trainer.evaluate(stream.validation()))
+        trainer.save(epoch + 1)
+    return trainer.result(completed=True)
+
+
+def _progress_figures(meter: EpochMeter) -> str:
+    """The progress bar's running loss, img/s and data-wait share (reading the loss waits for the device)."""
+    elapsed = max(meter.elapsed(), 1e-9)
+    loss = meter.loss_sum.item() / max(meter.samples, 1)
+    return f"loss {loss:.4g}, {meter.samples / elapsed:,.0f} img/s, data wait {100 * meter.wait / elapsed:.0f}%"
+
+
+def learning_rate(schedule: str, lr: float, step: int, total_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``: constant, or a
+    short linear warm-up then a cosine decay to 0, which tolerates a higher peak rate and ends
+    with small steps (on the demo's short runs it beat every constant rate tried). A function of
+    the step alone, so a resumed run follows the same curve."""
+    if schedule == "constant":
+        return lr
+    warmup = max(1, int(WARMUP_SHARE * total_steps))
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    return lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def build_model(config: dict, backbone: Union[str, nn.Module, None] = None) -> MonotonicRegressor:
+    """The regressor a run's ``config`` (as stored in its checkpoints) describes."""
+    output_min, output_max = config["output_range"]
+    ranges = [tuple(r) for r in config["monotone_input_range"]]
+    return MonotonicRegressor(
+        backbone=_make_backbone(
+            backbone if backbone is not None else config["backbone"],
+            config["in_channels"],
+            config["num_features"],
+        ),
+        num_features=config["num_features"],
+        monotone_inputs=len(ranges),
+        lattice_size=config["lattice_size"],
+        in_channels=config["in_channels"],
+        monotone_input_range=ranges if ranges else (0.0, 1.0),
+        output_min=output_min,
+        output_max=output_max,
+        seed=config["seed"],
+    )
+
+
+def _make_backbone(backbone: Union[str, nn.Module, None], in_channels: int, num_features: int):
+    if backbone is None or isinstance(backbone, nn.Module):
+        return backbone
+    if backbone == "small-cnn":
+        return None  # MonotonicRegressor's own default
+    if backbone != "resnet18":
+        raise ValueError(
+            f"backbone must be one of {', '.join(BACKBONES)} or a torch module, not {backbone!r}"
+        )
+    try:
+        from torchvision.models import resnet18
+    except ImportError:
+        raise ValueError(
+            "the resnet18 backbone needs torchvision, which is not installed "
+            "(pip install torchvision), or use --backbone small-cnn"
+        ) from None
+    net = resnet18(weights=None, num_classes=num_features)
+    if in_channels != 3:
+        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return net
+
+
+def _gpu_metrics(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    metrics = {"gpu_max_memory_bytes": int(torch.cuda.max_memory_allocated(device))}
+    with contextlib.suppress(Exception):  # needs pynvml; skipped silently without it
+        metrics["gpu_utilization_percent"] = int(torch.cuda.utilization(device))
+    return metrics
