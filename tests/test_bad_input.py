@@ -192,7 +192,7 @@ ROWS = [
     ("pack(None, dest)", lambda f: pack(None, f.new), TypeError, "str or os.PathLike"),
     ("pack(missing folder, dest)", lambda f: pack(f.missing, f.new), FileNotFoundError, "no such folder"),
     ("pack(a file, dest)", lambda f: pack(f.text, f.new), NotADirectoryError, "not a folder"),
-    ("pack(folder without images or classes, dest)", lambda f: pack(f.folder, f.new), ValueError, "no labels"),
+    ("pack(empty folder, dest)", lambda f: pack(f.folder, f.new), ValueError, "no images found"),
     ("pack(src, None)", lambda f: pack(f.images, None), TypeError, "str or os.PathLike"),
     ("pack(src, dest inside src)", lambda f: pack(f.images, f.images / "x.fastload"), ValueError, "inside the source folder"),
     ("pack(src, existing store)", lambda f: pack(f.images, f.store), FileExistsError, "overwrite"),

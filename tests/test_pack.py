@@ -333,6 +333,37 @@ def test_no_labels_at_all_explains_both_ways(tmp_path):
     assert "labels" in str(err.value) and "subfolder per class" in str(err.value)
 
 
+def test_a_folder_without_images_says_so_not_no_labels(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"empty: no images found \(nothing; images are files ending in"):
+        fastload.pack(empty, tmp_path / "s.fl", 8)
+    (empty / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"no images found \(1 other file\(s\);"):
+        fastload.pack(empty, tmp_path / "s.fl", 8, labels=None)
+    result = subprocess.run([sys.executable, "-m", "fastload", "pack", str(empty), str(tmp_path / "s.fl")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no images found" in result.stderr
+    assert not (tmp_path / "s.fl").exists()
+
+
+def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png", "b.png"])
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("a.png,1.5\ngone.png,2\nb.png,3\n")
+    with pytest.raises(ValueError, match=r"line 2: gone.png does not exist in .*--skip-missing"):
+        fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
+    assert not (tmp_path / "s.fl").exists()
+    report = fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=True, strict=True)
+    assert report.records == 2
+    assert report.skipped == [("gone.png", "in the labels CSV, but no such file (skipped by request)")]
+    assert fastload.Store(report.path).labels.tolist() == [1.5, 3.0]
+    result = subprocess.run([sys.executable, "-m", "fastload", "pack", str(src), str(tmp_path / "t.fl"), "--size", "8",
+                             "--labels", str(csv_path), "--skip-missing"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "gone.png" in result.stdout and len(fastload.Store(tmp_path / "t.fl")) == 2
+
+
 def test_too_many_names_for_the_metadata_fail_before_decoding(tmp_path, monkeypatch):
     src = photo_folder(tmp_path / "src", [f"c/{i}.png" for i in range(20)])
     monkeypatch.setattr(fastload._core, "MAX_META_LEN", 100)

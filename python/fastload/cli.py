@@ -88,6 +88,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         strict=args.strict,
         overwrite=args.overwrite,
         skip_unlabelled=args.skip_unlabelled,
+        skip_missing=args.skip_missing,
         follow_symlinks=args.follow_symlinks,
         quiet=args.quiet,
     )
@@ -257,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed")
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
     p.add_argument("--skip-unlabelled", action="store_true", help="leave out images without a label")
+    p.add_argument(
+        "--skip-missing", action="store_true", help="leave out labels CSV rows whose file does not exist (listed)"
+    )
     p.add_argument(
         "--follow-symlinks",
         action="store_true",

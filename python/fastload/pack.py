@@ -99,6 +99,10 @@ class PackReport:
 
 #: Reason recorded for images left out by `skip_unlabelled`: a choice, so not a bad file for `strict`.
 UNLABELLED_SKIPPED = "no label (skipped by request)"
+#: Reason recorded for CSV rows naming no file, left out by `skip_missing`: a choice too.
+MISSING_SKIPPED = "in the labels CSV, but no such file (skipped by request)"
+#: What `strict` does not count as a bad file.
+CHOSEN_SKIPS = (UNLABELLED_SKIPPED, MISSING_SKIPPED)
 
 
 def _megabytes(n: int) -> str:
@@ -267,10 +271,12 @@ def _name_in_csv(cell: str, src: Path) -> str:
 
 
 def _read_label_csv(
-    csv_path: Path, src: Path, files: set, label_dtype: Optional[str]
-) -> Tuple[Dict[str, Union[int, float]], str]:
+    csv_path: Path, src: Path, files: set, label_dtype: Optional[str], skip_missing: bool = False
+) -> Tuple[Dict[str, Union[int, float]], str, List[str]]:
     """Labels by relative path from a `path,label` CSV (header row optional, UTF-8 with or
-    without BOM, LF or CRLF), and the label dtype. Every bad row is reported with its line.
+    without BOM, LF or CRLF), the label dtype, and the names of rows whose file does not
+    exist when `skip_missing` (otherwise those rows are errors). Every bad row is reported
+    with its line.
     The first row is a header only when its label is not a number and its path names no
     file under `src`; any other bad first row is reported like the rest."""
     try:
@@ -289,7 +295,7 @@ def _read_label_csv(
         label_dtype = "int64" if all(len(r) == 2 and _is_int(r[1]) for _, r in rows) else "float64"
     labels: Dict[str, Union[int, float]] = {}
     first_line: Dict[str, int] = {}
-    problems = []
+    problems, missing = [], []
     for line, row in rows:
         if len(row) != 2:
             problems.append(f"line {line}: expected 2 columns (path,label), found {len(row)}")
@@ -304,13 +310,18 @@ def _read_label_csv(
         if name in first_line:
             problems.append(f"line {line}: {shown} already has a label on line {first_line[name]}")
         elif name not in files:
-            problems.append(f"line {line}: {shown} does not exist in {src}")
+            if skip_missing:
+                missing.append(name)
+            else:
+                problems.append(
+                    f"line {line}: {shown} does not exist in {src} (skip_missing=True / --skip-missing to leave it out)"
+                )
         else:
             first_line[name] = line
             labels[name] = value
     if problems:
         raise ValueError(f"{csv_path}: {len(problems)} bad row(s):{_listed(problems)}")
-    return labels, label_dtype
+    return labels, label_dtype, missing
 
 
 def _find_labels(
@@ -320,13 +331,16 @@ def _find_labels(
     skipped: List[Tuple[str, str]],
     top_folders: List[str],
     label_dtype: Optional[str],
+    skip_missing: bool = False,
 ) -> Tuple[Dict[str, Union[int, float]], str, Optional[List[str]], str]:
     """Labels by relative path (from the CSV, else from the class folders `top_folders`),
     the label dtype, the class names (None for a CSV), and where a missing label should
-    have come from."""
+    have come from. CSV rows for files that do not exist are added to `skipped` when
+    `skip_missing`."""
     if csv_path is not None:
         listed = set(files).union(name for name, _ in skipped)
-        by_path, label_dtype = _read_label_csv(csv_path, src, listed, label_dtype)
+        by_path, label_dtype, missing = _read_label_csv(csv_path, src, listed, label_dtype, skip_missing)
+        skipped.extend((name, MISSING_SKIPPED) for name in missing)
         return by_path, label_dtype, None, f"{csv_path.name} has no row for them"
     class_names = top_folders
     if not class_names:
@@ -414,6 +428,7 @@ def pack(
     strict: bool = False,
     overwrite: bool = False,
     skip_unlabelled: bool = False,
+    skip_missing: bool = False,
     follow_symlinks: bool = False,
     quiet: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
@@ -433,7 +448,9 @@ def pack(
     spaces included; labels may have spaces around them and must fit their dtype (a
     label out of int64 or float64 range names its line). The first row is a header only
     when its label is not a number and its path names no file; any other bad row,
-    the first included, is reported with its line.
+    the first included, is reported with its line. A row naming a file that does not
+    exist is an error unless `skip_missing`, which lists it as skipped instead. A folder
+    with no image files at all is "no images found".
 
     Files that cannot be packed (not images, corrupt, truncated, hidden, not regular
     files, ...) are skipped and listed with their reason in the report and in
@@ -474,9 +491,15 @@ def pack(
     if csv_path is not None and Path(os.path.realpath(csv_path)).is_relative_to(os.path.realpath(src)):
         exclude = Path(os.path.relpath(os.path.realpath(csv_path), os.path.realpath(src))).as_posix()
     files, skipped, top_folders = _walk(src, exclude, follow_symlinks)
+    if not any(os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS for f in files):
+        found = f"{len(files)} other file(s)" if files else "nothing"
+        raise ValueError(
+            f"{src}: no images found ({found}; images are files ending in {', '.join(sorted(IMAGE_EXTENSIONS))})"
+            + (_listed(_named(skipped)) if skipped else "")
+        )
 
     by_path, label_dtype, class_names, unlabelled_hint = _find_labels(
-        src, csv_path, files, skipped, top_folders, label_dtype
+        src, csv_path, files, skipped, top_folders, label_dtype, skip_missing
     )
     todo, left_out = _split_unlabelled(files, by_path, skip_unlabelled, unlabelled_hint)
     skipped += left_out
@@ -533,7 +556,7 @@ def pack(
                 if writing is not None:
                     writing.result()
             skipped = sorted(skipped + failed)
-            bad = [s for s in skipped if s[1] != UNLABELLED_SKIPPED]
+            bad = [s for s in skipped if s[1] not in CHOSEN_SKIPS]
             if strict and bad:
                 raise BadFilesError(
                     f"{len(bad)} file(s) in {src} cannot be packed (strict): nothing was written:"
