@@ -481,3 +481,22 @@ def test_cuda_matches_cpu():
     for name in p_cpu:
         assert torch.equal(p_cpu[name], p_cuda[name].cpu()), name
     torch.testing.assert_close(cuda.cpu(), cpu, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("size", [(5, 7), (16, 16)])
+def test_the_broadcast_grid_equals_affine_grid(size):
+    from fastload.augment import affine_grid
+
+    theta = torch.randn(6, 2, 3, generator=torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.affine_grid(theta, [6, 3, *size], align_corners=False)
+    torch.testing.assert_close(affine_grid(theta, *size), expected, atol=1e-6, rtol=0)
+
+
+def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):
+    import fastload.augment
+
+    images = smooth_images(n=7)
+    whole = to_device(images, "cpu", mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
+    monkeypatch.setattr(fastload.augment, "_CPU_WORKING_SET", 3 * 2 * (24 * 20 + 8 * 8) * 4)  # 2 per group
+    grouped = to_device(images, "cpu", mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
+    assert torch.equal(whole, grouped) and grouped.is_contiguous(memory_format=torch.channels_last)

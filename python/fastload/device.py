@@ -55,10 +55,9 @@ def to_device(
     on_device = images.to(device, non_blocking=images.is_pinned())
     scale, shift = _normalization(on_device.device, dtype, mean_v, std_v)
     if augment is not None and augment.active:
-        x = augment.apply(on_device, keys, epoch, dtype, scale, shift)
-    else:
-        x = on_device.permute(0, 3, 1, 2).to(dtype).mul_(scale).sub_(shift)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x.contiguous()
+        return augment.apply(on_device, keys, epoch, dtype, scale, shift, channels_last)
+    x = on_device.permute(0, 3, 1, 2).to(dtype).mul_(scale).sub_(shift)
+    return x if channels_last else x.contiguous()
 
 
 @functools.lru_cache(maxsize=64)
