@@ -17,7 +17,7 @@ float32 and ImageNet normalisation. Timed, alternating, median of `--repeats` ro
 
 Prints batches/s per method and fastload's ratio to each.
 
-    python benches/bench_augment.py [--images 256] [--batches 16] [--repeats 5] [--device cpu]
+    python benches/bench_augment.py [--images 256] [--batches 16] [--repeats 5] [--device cpu] [--threads N]
 """
 
 from __future__ import annotations
@@ -97,7 +97,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds; figures are medians (default 5)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the torchvision recipe")
     parser.add_argument("--device", default="cpu", help="where fastload and kornia augment (default cpu)")
+    parser.add_argument("--threads", type=int, help="torch threads of this process (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     aug = Augment(size=CROP, scale=(0.08, 1.0), hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4)
     mean, std = torch.tensor(MEAN, device=args.device), torch.tensor(STD, device=args.device)
 
