@@ -9,7 +9,7 @@ from fastload._core import __version__
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 
-_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "device", "split_indices": "dataset"}
+_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "device", "split_indices": "dataset", "Augment": "augment"}
 
 
 def __getattr__(name):
@@ -21,4 +21,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 
-__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices"]
+__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices", "Augment"]

@@ -194,6 +194,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
+def _cmd_augment_preview(args: argparse.Namespace) -> int:
+    from fastload.augment import Augment, save_preview
+
+    augment = Augment.from_spec(args.augment, size=args.size, seed=args.seed)
+    width, height = save_preview(args.store, args.output, augment, records=args.records, epochs=args.epochs)
+    print(f"{args.output}: {args.records} records x {args.epochs} epochs of {augment!r} ({width}x{height} PNG)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastload",
@@ -365,6 +374,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of text")
     p.set_defaults(run=_cmd_demo)
+
+    p = sub.add_parser(
+        "augment-preview",
+        help="write a PNG grid of augmented records: what the model sees over epochs",
+        description="One row per record (spread evenly over STORE), one column per epoch, each tile "
+        "augmented as to_device(..., augment=) would augment it in that epoch. Needs Pillow.",
+    )
+    p.add_argument("store")
+    p.add_argument(
+        "--augment",
+        default="crop,flip,jitter",
+        metavar="SPEC",
+        help="comma-separated: crop[=MIN_SCALE], flip, vflip, jitter[=X], rotate[=DEG], translate[=F] "
+        "(default crop,flip,jitter)",
+    )
+    p.add_argument("-o", "--output", required=True, metavar="PNG", help="where to write the grid")
+    p.add_argument("--size", type=_positive_int, help="output side of each tile (default: the store's)")
+    p.add_argument("--records", type=_positive_int, default=4, help="rows (default 4)")
+    p.add_argument("--epochs", type=_positive_int, default=8, help="columns (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="augmentation seed (default 0)")
+    p.set_defaults(run=_cmd_augment_preview)
     return parser
 
 

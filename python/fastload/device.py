@@ -1,5 +1,5 @@
 """Moving batches to the accelerator: `to_device` sends uint8 and converts only on the
-device (augmentation on the device will live here too)."""
+device, augmenting there when given an `Augment` (fastload.augment)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import functools
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
+
+from fastload.augment import Augment, check_uint8_batch
 
 
 def to_device(
@@ -16,6 +18,9 @@ def to_device(
     mean: Optional[Sequence[float]] = None,
     std: Optional[Sequence[float]] = None,
     channels_last: bool = True,
+    augment: Optional[Augment] = None,
+    keys=None,
+    epoch: int = 0,
 ) -> torch.Tensor:
     """Moves a uint8 N×H×W×C batch to `device` and only there makes it N×C×H×W `dtype`,
     scaled to [0, 1] and normalized per channel with `mean`/`std` (in 0–1 units) when given.
@@ -25,9 +30,16 @@ def to_device(
     when the batch is in pinned memory. With channels_last=True the result keeps the
     channels_last memory format that NHWC data has anyway (no transpose copy; fast for
     convolutions on GPUs); otherwise it is made contiguous NCHW.
+
+    With `augment`, the batch is augmented on the device in the same float pass, each image by
+    draws that depend on (augment.seed, `epoch`, its record index in `keys`: the indices
+    FastLoadDataset(return_indices=True) yields), so not on batch size, workers or resumes.
     """
-    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
-        raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
+    check_uint8_batch(images)
+    if augment is not None and not isinstance(augment, Augment):
+        raise TypeError(f"augment must be a fastload.Augment, not {type(augment).__name__}")
+    if augment is not None and augment.active and keys is None:
+        raise ValueError("augment needs keys: the record index of each image (FastLoadDataset(return_indices=True))")
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -40,9 +52,11 @@ def to_device(
             raise ValueError(f"{name} must have 1 or {channels} values, not {len(value)}")
     if 0.0 in std_v:
         raise ValueError("std must not be zero")
-    x = images.to(device, non_blocking=images.is_pinned()).permute(0, 3, 1, 2).to(dtype)
-    scale, shift = _normalization(x.device, dtype, mean_v, std_v)
-    x.mul_(scale).sub_(shift)
+    on_device = images.to(device, non_blocking=images.is_pinned())
+    scale, shift = _normalization(on_device.device, dtype, mean_v, std_v)
+    if augment is not None and augment.active:
+        return augment.apply(on_device, keys, epoch, dtype, scale, shift, channels_last)
+    x = on_device.permute(0, 3, 1, 2).to(dtype).mul_(scale).sub_(shift)
     return x if channels_last else x.contiguous()
 
 

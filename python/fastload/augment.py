@@ -1,0 +1,439 @@
+"""`Augment`: random crops, flips, rotations and colour jitter for whole uint8 batches on the
+device, with per-sample parameters that depend only on (seed, epoch, record index).
+
+Why: per-sample torchvision transforms in DataLoader workers are the CPU-bound path fastload
+replaces, and batched torchvision v2 transforms draw one set of parameters for a whole batch.
+Here the geometry of every sample (crop, flips, rotation, translation) is one affine grid +
+`grid_sample` over the batch, the colour jitter is vectorised per sample, and both run on the
+float conversion of the uint8 batch that `to_device` does anyway.
+
+Order, fixed: random resized crop -> horizontal flip -> vertical flip -> rotation and
+translation (about the output's centre) -> brightness -> contrast -> saturation ->
+normalisation. Unlike torchvision's `ColorJitter`, the colour order is not shuffled.
+
+Randomness is counter-based: uniform number `slot` of record `index` in `epoch` is a
+splitmix64 hash of (seed, epoch, index, slot), computed in int64 tensor ops on the device.
+No generator state is carried, so the same record in the same epoch gets the same
+augmentation whatever the batch size, worker count, world size or a mid-epoch resume.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+# One fixed slot per random number, so enabling one op never changes another's draws.
+_CROP_ATTEMPTS = 10  # as torchvision's RandomResizedCrop: the first crop that fits wins
+_SCALE, _RATIO = 0, _CROP_ATTEMPTS
+_TOP, _LEFT, _HFLIP, _VFLIP, _ANGLE, _SHIFT_X, _SHIFT_Y, _BRIGHTNESS, _CONTRAST, _SATURATION = range(
+    2 * _CROP_ATTEMPTS, 2 * _CROP_ATTEMPTS + 10
+)
+_SLOTS = 2 * _CROP_ATTEMPTS + 10
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses
+
+# On the CPU a batch goes through in groups of samples whose float images fit this many bytes,
+# so each pass over them stays in the cache (one pass over a whole 224x224 batch of 64 goes to
+# memory: 1.8x the CPU time). Accelerators take the batch at once.
+_CPU_WORKING_SET = 8 << 20
+
+SPEC_TERMS = ("crop", "flip", "vflip", "jitter", "rotate", "translate")
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that torch stores (constants above 2**63 wrap)."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """The splitmix64 finaliser on int64 tensors (wrapping arithmetic), element-wise."""
+    x = x + _signed(_GOLDEN)
+    x = (x ^ _shift_right(x, 30)) * _signed(_MIX1)
+    x = (x ^ _shift_right(x, 27)) * _signed(_MIX2)
+    return x ^ _shift_right(x, 31)
+
+
+def _splitmix64_int(x: int) -> int:
+    """splitmix64 on a Python int, for the per-batch constant (seed, epoch)."""
+    mask = (1 << 64) - 1
+    x = (x + _GOLDEN) & mask
+    x = ((x ^ (x >> 30)) * _MIX1) & mask
+    x = ((x ^ (x >> 27)) * _MIX2) & mask
+    return x ^ (x >> 31)
+
+
+def uniforms(seed: int, epoch: int, keys: torch.Tensor, slots: int = _SLOTS) -> torch.Tensor:
+    """len(keys) × slots float32 uniforms in [0, 1), a pure function of (seed, epoch, key, slot),
+    on keys' device. The top 24 bits of the hash make each float exactly (no float64 needed)."""
+    base = _signed(_splitmix64_int(_splitmix64_int(seed) ^ (epoch & ((1 << 64) - 1))))
+    per_key = splitmix64(keys.to(torch.int64) ^ base)
+    counters = torch.arange(slots, dtype=torch.int64, device=keys.device) * _signed(_GOLDEN)
+    bits = _shift_right(splitmix64(per_key[:, None] + counters[None, :]), 40)
+    return bits.to(torch.float32) * (1.0 / (1 << 24))
+
+
+def check_uint8_batch(images: torch.Tensor) -> None:
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
+        raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
+
+
+def _pair(value, name: str) -> Tuple[float, float]:
+    low, high = (float(v) for v in value)
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise ValueError(f"{name} must be a (low, high) range with low <= high, not {tuple(value)!r}")
+    return low, high
+
+
+def _probability(value: float, name: str) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a probability between 0 and 1, not {value}")
+    return value
+
+
+def _strength(value: float, name: str, upper: float = math.inf) -> float:
+    value = float(value)
+    if not 0.0 <= value <= upper:
+        raise ValueError(f"{name} must be between 0 and {upper}, not {value}")
+    return value
+
+
+class Augment:
+    """Per-sample random augmentation of uint8 N×H×W×C batches; `Augment()` does nothing.
+
+    - `size`: output (height, width) or side; None keeps the input's size.
+    - `scale`, `ratio`: random resized crop of a share `scale` of the area with aspect ratio
+      (w/h) drawn log-uniformly in `ratio`, as torchvision's RandomResizedCrop (10 tries, then
+      a centre crop); corners are not rounded to whole pixels. `scale=None`: no crop (the whole
+      image, resized to `size` if given).
+    - `hflip`, `vflip`: probabilities of a horizontal / vertical flip.
+    - `degrees`: rotation drawn in [-degrees, degrees] (counter-clockwise, about the centre);
+      `translate`: shift drawn in [-translate, translate] × the output's width and height.
+      Pixels from outside the image repeat its border.
+    - `brightness`, `contrast`, `saturation`: factors drawn in [1 - x, 1 + x], as
+      torchvision's ColorJitter (applied in that order, each clamped to the valid range).
+    - `seed`: with the epoch and the record index, what decides every draw.
+
+    Resampling is bilinear without antialiasing, so a crop shrunk more than 2x aliases where
+    torchvision's antialiased resize would blur.
+    """
+
+    def __init__(
+        self,
+        size: Union[None, int, Sequence[int]] = None,
+        scale: Optional[Sequence[float]] = None,
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        hflip: float = 0.0,
+        vflip: float = 0.0,
+        degrees: float = 0.0,
+        translate: float = 0.0,
+        brightness: float = 0.0,
+        contrast: float = 0.0,
+        saturation: float = 0.0,
+        seed: int = 0,
+    ):
+        if size is not None:
+            size = (size, size) if isinstance(size, int) else tuple(size)
+            if len(size) != 2 or not all(isinstance(s, int) and s >= 1 for s in size):
+                raise ValueError(f"size must be a positive int or (height, width), not {size!r}")
+        self.size: Optional[Tuple[int, int]] = size
+        self.scale = None if scale is None else _pair(scale, "scale")
+        if self.scale is not None and not 0.0 < self.scale[0] <= self.scale[1] <= 1.0:
+            raise ValueError(f"scale must lie in (0, 1], not {self.scale!r}")
+        self.ratio = _pair(ratio, "ratio")
+        if self.ratio[0] <= 0.0:
+            raise ValueError(f"ratio must be positive, not {self.ratio!r}")
+        self.hflip = _probability(hflip, "hflip")
+        self.vflip = _probability(vflip, "vflip")
+        self.degrees = _strength(degrees, "degrees", 180.0)
+        self.translate = _strength(translate, "translate", 1.0)
+        self.brightness = _strength(brightness, "brightness")
+        self.contrast = _strength(contrast, "contrast")
+        self.saturation = _strength(saturation, "saturation", 1.0)
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+        self.seed = seed
+
+    @classmethod
+    def from_spec(cls, spec: str, size: Union[None, int, Sequence[int]] = None, seed: int = 0) -> Augment:
+        """An Augment from a comma-separated list, for command lines: `crop` (scale 0.08-1),
+        `flip` (horizontal, p 0.5), `vflip` (p 0.5), `jitter` (brightness, contrast and
+        saturation 0.4), `rotate` (10 degrees), `translate` (0.1); `rotate=DEG`,
+        `translate=F`, `crop=MIN_SCALE` set the amount. "" or "none" is no augmentation."""
+        options: Dict[str, object] = {}
+        for term in (t.strip() for t in spec.split(",")):
+            if term in ("", "none"):
+                continue
+            name, _, amount = term.partition("=")
+            if name not in SPEC_TERMS:
+                raise ValueError(f"unknown augmentation {name!r} in {spec!r}; known: {', '.join(SPEC_TERMS)}")
+            try:
+                value = float(amount) if amount else None
+            except ValueError:
+                raise ValueError(f"augmentation {term!r}: {amount!r} is not a number") from None
+            if name == "crop":
+                options["scale"] = (0.08 if value is None else value, 1.0)
+            elif name == "flip":
+                options["hflip"] = 0.5 if value is None else value
+            elif name == "vflip":
+                options["vflip"] = 0.5 if value is None else value
+            elif name == "jitter":
+                options.update(dict.fromkeys(("brightness", "contrast", "saturation"), 0.4 if value is None else value))
+            elif name == "rotate":
+                options["degrees"] = 10.0 if value is None else value
+            else:
+                options["translate"] = 0.1 if value is None else value
+        return cls(size=size, seed=seed, **options)
+
+    def __repr__(self) -> str:
+        default = Augment.__new__(Augment)
+        Augment.__init__(default)
+        changed = [f"{k}={v!r}" for k, v in vars(self).items() if vars(default)[k] != v]
+        return f"Augment({', '.join(changed)})"
+
+    @property
+    def geometric(self) -> bool:
+        return self.scale is not None or self.size is not None or bool(self.hflip or self.vflip or self.degrees or self.translate)
+
+    @property
+    def active(self) -> bool:
+        """False for an Augment that changes nothing (then to_device's plain path runs)."""
+        return self.geometric or bool(self.brightness or self.contrast or self.saturation)
+
+    def output_size(self, height: int, width: int) -> Tuple[int, int]:
+        return self.size if self.size is not None else (height, width)
+
+    def params(self, keys: torch.Tensor, epoch: int, height: int, width: int) -> Dict[str, torch.Tensor]:
+        """Each sample's draws, on keys' device: crop box (top, left, height, width in input
+        pixels), flips (bool), angle (degrees), shift (output pixels, x and y) and the three
+        colour factors. Public so tests and users can see exactly what was drawn."""
+        u = uniforms(self.seed, epoch, keys)
+        n = len(keys)
+        out_h, out_w = self.output_size(height, width)
+        if self.scale is None:
+            box_h = torch.full((n,), float(height), device=u.device)
+            box_w = torch.full((n,), float(width), device=u.device)
+        else:
+            box_h, box_w = self._crop_sizes(u, height, width)
+        params = {
+            "box_h": box_h,
+            "box_w": box_w,
+            "top": u[:, _TOP] * (height - box_h),
+            "left": u[:, _LEFT] * (width - box_w),
+            "hflip": u[:, _HFLIP] < self.hflip,
+            "vflip": u[:, _VFLIP] < self.vflip,
+            "angle": (2 * u[:, _ANGLE] - 1) * self.degrees,
+            "shift_x": (2 * u[:, _SHIFT_X] - 1) * self.translate * out_w,
+            "shift_y": (2 * u[:, _SHIFT_Y] - 1) * self.translate * out_h,
+        }
+        for name, slot in (("brightness", _BRIGHTNESS), ("contrast", _CONTRAST), ("saturation", _SATURATION)):
+            strength = getattr(self, name)
+            params[name] = 1 + (2 * u[:, slot] - 1) * strength
+        return params
+
+    def _crop_sizes(self, u: torch.Tensor, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """RandomResizedCrop's box sizes, all 10 tries at once: the first that fits, else the
+        centre crop torchvision falls back to."""
+        area = float(height * width)
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, _SCALE : _SCALE + _CROP_ATTEMPTS])
+        aspect = torch.exp(log_lo + (log_hi - log_lo) * u[:, _RATIO : _RATIO + _CROP_ATTEMPTS])
+        tries_w, tries_h = torch.sqrt(target * aspect), torch.sqrt(target / aspect)
+        fits = (tries_w <= width) & (tries_h <= height)
+        first = torch.argmax(fits.to(torch.int8), dim=1, keepdim=True)  # 0 where none fits
+        any_fits = fits.any(dim=1)
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            fallback = (width / self.ratio[0], float(width))
+        elif in_ratio > self.ratio[1]:
+            fallback = (float(height), height * self.ratio[1])
+        else:
+            fallback = (float(height), float(width))
+        box_h = torch.where(any_fits, tries_h.gather(1, first)[:, 0], fallback[0])
+        box_w = torch.where(any_fits, tries_w.gather(1, first)[:, 0], fallback[1])
+        return box_h, box_w
+
+    def _theta(self, p: Dict[str, torch.Tensor], height: int, width: int, out_h: int, out_w: int) -> torch.Tensor:
+        """N×2×3 affine_grid matrices: output coordinates (normalised, align_corners=False) to
+        input ones, composing rotation/translation, flips and the crop box."""
+        angle = torch.deg2rad(p["angle"])
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        flip_x = 1 - 2 * p["hflip"].to(cos.dtype)
+        flip_y = 1 - 2 * p["vflip"].to(cos.dtype)
+        # In pixels about the output centre: q -> R^-1 (q - shift) -> flips -> box scale.
+        scale_x, scale_y = flip_x * p["box_w"] / out_w, flip_y * p["box_h"] / out_h
+        # R^-1 of a counter-clockwise rotation on screen (y down) is [[cos, -sin], [sin, cos]].
+        a = torch.stack(
+            [
+                torch.stack([scale_x * cos, -scale_x * sin], dim=1),
+                torch.stack([scale_y * sin, scale_y * cos], dim=1),
+            ],
+            dim=1,
+        )  # N×2×2, output pixels -> input pixels
+        shift = torch.stack([p["shift_x"], p["shift_y"]], dim=1)
+        centre = torch.stack([p["left"] + p["box_w"] / 2, p["top"] + p["box_h"] / 2], dim=1)
+        offset = centre - torch.bmm(a, shift[:, :, None])[:, :, 0]
+        to_norm_in = torch.tensor([2.0 / width, 2.0 / height], device=a.device)
+        from_norm_out = torch.tensor([out_w / 2.0, out_h / 2.0], device=a.device)
+        linear = a * to_norm_in[None, :, None] * from_norm_out[None, None, :]
+        return torch.cat([linear, (offset * to_norm_in - 1)[:, :, None]], dim=2)
+
+    def apply(
+        self,
+        images: torch.Tensor,
+        keys,
+        epoch: int,
+        dtype: torch.dtype = torch.float32,
+        scale: Optional[torch.Tensor] = None,
+        shift: Optional[torch.Tensor] = None,
+        channels_last: bool = True,
+    ) -> torch.Tensor:
+        """Augments uint8 N×H×W×C `images` where they are and returns N×C×H×W `dtype`,
+        `x * scale - shift` of the augmented 0–255 values (`scale`, `shift`: per-channel
+        1×C×1×1 tensors on the images' device, as to_device passes them; default x / 255)."""
+        n, height, width, channels = images.shape
+        keys = torch.as_tensor(keys).to(images.device, non_blocking=True).reshape(-1)
+        if len(keys) != n:
+            raise ValueError(f"keys must give one record index per image: {len(keys)} keys for {n} images")
+        if keys.dtype.is_floating_point or keys.dtype == torch.bool:
+            raise TypeError(f"keys must be integer record indices, not {keys.dtype}")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
+        if (self.contrast or self.saturation) and channels != 3:
+            raise ValueError(f"contrast and saturation jitter need RGB images, not {channels} channels")
+        if scale is None:
+            scale = torch.full((1, 1, 1, 1), 1.0 / 255.0, dtype=dtype, device=images.device)
+        if shift is None:
+            shift = torch.zeros((1, 1, 1, 1), dtype=dtype, device=images.device)
+        out_h, out_w = self.output_size(height, width)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty((n, channels, out_h, out_w), dtype=dtype, device=images.device, memory_format=layout)
+        if n == 0:
+            return out
+        p = self.params(keys, epoch, height, width)
+        theta = self._theta(p, height, width, out_h, out_w).to(dtype) if self.geometric else None
+        step = n if images.device.type != "cpu" else max(1, _CPU_WORKING_SET // (height * width + out_h * out_w) // channels // out.element_size())
+        for start in range(0, n, step):
+            part = slice(start, start + step)
+            x = images[part].permute(0, 3, 1, 2).to(dtype)
+            if theta is not None:
+                grid = affine_grid(theta[part], out_h, out_w)
+                x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+            gain = self._jitter(x, {name: value[part] for name, value in p.items()})
+            torch.addcmul(-shift, x, scale if gain is None else scale * gain, out=out[part])
+        return out
+
+    def _jitter(self, x: torch.Tensor, p: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+        """Brightness, contrast, saturation in place on 0–255 floats, one factor per sample, in
+        as few passes as the clamps allow: brightness b becomes clamp(x, max=255/b) and a gain b
+        folded into the next multiplication, which this returns when nothing followed it."""
+        gain = None
+        if self.brightness:
+            gain = p["brightness"].to(x.dtype).view(-1, 1, 1, 1)
+            x.clamp_(max=255.0 / gain)  # x >= 0 already: bilinear mixes of 0-255 values
+        if self.contrast:
+            factor = p["contrast"].to(x.dtype).view(-1, 1, 1, 1)
+            mean = _gray(x).mean(dim=(2, 3), keepdim=True)
+            coefficient, offset = factor, (1 - factor) * mean
+            if gain is not None:
+                coefficient, offset, gain = coefficient * gain, offset * gain, None
+            torch.addcmul(offset, x, coefficient, out=x).clamp_(0.0, 255.0)
+        if self.saturation:
+            factor = p["saturation"].to(x.dtype).view(-1, 1, 1, 1)
+            coefficient, weight = factor, 1 - factor
+            if gain is not None:
+                coefficient, weight, gain = coefficient * gain, weight * gain, None
+            torch.addcmul(_gray(x).mul_(weight), x, coefficient, out=x).clamp_(0.0, 255.0)
+        return gain
+
+    def __call__(self, images: torch.Tensor, keys, epoch: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Augmented N×C×H×W `dtype` in [0, 1] from uint8 N×H×W×C images (on any device);
+        to_device(..., augment=) does the same and normalises."""
+        check_uint8_batch(images)
+        return self.apply(images, keys, epoch, dtype)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    """N×1×H×W luma of N×3×H×W images."""
+    return torch.mul(x[:, 0:1], _GRAY[0]).add_(x[:, 1:2], alpha=_GRAY[1]).add_(x[:, 2:3], alpha=_GRAY[2])
+
+
+def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """F.affine_grid(theta, (N, C, height, width), align_corners=False), built by broadcasting:
+    on the CPU affine_grid is a batched matmul with an inner size of 3, four times slower."""
+    n = theta.shape[0]
+    xs = (torch.arange(width, dtype=theta.dtype, device=theta.device) * 2 + 1) / width - 1
+    ys = (torch.arange(height, dtype=theta.dtype, device=theta.device) * 2 + 1) / height - 1
+    grid = torch.empty((n, height, width, 2), dtype=theta.dtype, device=theta.device)
+    for axis in range(2):  # the output's x, then y
+        row = theta[:, axis].view(n, 3, 1, 1)
+        torch.add(row[:, 2] + row[:, 1] * ys.view(1, height, 1), row[:, 0] * xs.view(1, 1, width), out=grid[..., axis])
+    return grid
+
+
+def save_preview(
+    store,
+    path,
+    augment: Augment,
+    records: int = 4,
+    epochs: int = 8,
+    first_epoch: int = 0,
+) -> Tuple[int, int]:
+    """Writes a PNG grid of what the model sees: one row per record (`records` spread evenly
+    over the store), one column per epoch from `first_epoch`, each tile augmented as training
+    would augment it. Written atomically; returns the PNG's (width, height). Needs Pillow."""
+    import os
+    import tempfile
+
+    import numpy as np
+
+    from fastload.store import Store, _fspath
+
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("the preview needs Pillow: pip install pillow") from None
+    if records < 1 or epochs < 1 or first_epoch < 0:
+        raise ValueError(f"need records >= 1, epochs >= 1 and first_epoch >= 0, not {records}, {epochs}, {first_epoch}")
+    path = _fspath(path, "preview path")
+    owned = not isinstance(store, Store)
+    store = Store(store) if owned else store
+    try:
+        if len(store) == 0:
+            raise ValueError(f"{store.path}: the store has no records to preview")
+        if store.shape[2] not in (1, 3):
+            raise ValueError(f"{store.path}: a preview needs 1 or 3 channels, not {store.shape[2]}")
+        keys = np.unique(np.linspace(0, len(store) - 1, min(records, len(store))).round().astype(np.int64))
+        images = torch.from_numpy(store.gather(keys)[0])
+    finally:
+        if owned:
+            store.close()
+    tiles = [augment(images, torch.from_numpy(keys), epoch) for epoch in range(first_epoch, first_epoch + epochs)]
+    grid = (torch.stack(tiles, dim=1) * 255).round().clamp(0, 255)  # records × epochs × C × h × w
+    rows, cols, channels, h, w = grid.shape
+    gap = 2  # white lines between tiles and around the grid
+    grid = F.pad(grid, (0, gap, 0, gap), value=255.0).permute(0, 3, 1, 4, 2)  # rows × h' × cols × w' × C
+    canvas = F.pad(grid.reshape(rows * (h + gap), cols * (w + gap), channels).permute(2, 0, 1), (gap, 0, gap, 0), value=255.0)
+    canvas = canvas.permute(1, 2, 0).to(torch.uint8)
+    picture = Image.fromarray(canvas.squeeze(2).numpy() if channels == 1 else canvas.numpy())
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, partial = tempfile.mkstemp(prefix=".preview-", suffix=".png", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            picture.save(out, format="PNG")
+        os.replace(partial, path)
+    except BaseException:
+        os.unlink(partial)
+        raise
+    return picture.size

@@ -1,0 +1,502 @@
+"""Augment as training sees it: each op's geometry and colour against references (torchvision's
+functional transforms where installed, hand-written NumPy ones always), draws that depend only on
+(seed, epoch, record) across batch sizes, DataLoader workers, ranks and resumes, the no-op
+Augment, the spec parser, bad arguments, and the preview PNG (API and CLI)."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from fastload import Augment, FastLoadDataset, StoreWriter, cli, to_device
+from fastload.augment import _signed, _splitmix64_int, splitmix64, uniforms
+
+try:
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+except ImportError:
+    TF = None
+needs_torchvision = pytest.mark.skipif(TF is None, reason="torchvision is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+
+N = 70  # does not divide by the batch sizes used here
+
+
+def write_store(path, n, shape=(12, 10, 3), seed=0):
+    images = np.random.default_rng(seed).integers(0, 256, (n, *shape), dtype=np.uint8)
+    with StoreWriter(path, shape, label_dtype="int64") as w:
+        w.extend(images, np.arange(n))
+    return path
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    return write_store(tmp_path_factory.mktemp("aug") / "s.bin", N)
+
+
+def smooth_images(n=3, h=24, w=20, seed=0):
+    """uint8 images with smooth content plus noise, so bilinear differences show."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([np.sin(xx / 3.0 + k) * np.cos(yy / 4.0 - k) for k in range(3)], axis=-1)
+    out = (127.5 + 100 * base[None] + rng.normal(0, 15, (n, h, w, 3))).clip(0, 255)
+    return torch.from_numpy(out.astype(np.uint8))
+
+
+def fixed(aug, **draws):
+    """`aug` with its draws replaced by `draws` (one value per image), to compare one op."""
+    real = aug.params
+
+    def params(keys, epoch, height, width):
+        p = real(keys, epoch, height, width)
+        for name, value in draws.items():
+            p[name] = torch.as_tensor(value, dtype=p[name].dtype).expand(len(keys)).clone()
+        return p
+
+    aug.params = params
+    return aug
+
+
+def bilinear(img, source):
+    """Hand reference: H×W×C float image sampled at source(y, x) -> (sy, sx) in continuous pixel
+    coordinates (pixel centres at k + 0.5), bilinear, coordinates clamped to the image."""
+    h, w = img.shape[:2]
+    out_h, out_w = source.shape[:2]
+    sy = np.clip(source[..., 0] - 0.5, 0, h - 1)
+    sx = np.clip(source[..., 1] - 0.5, 0, w - 1)
+    y0, x0 = np.floor(sy).astype(int), np.floor(sx).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    fy, fx = (sy - y0)[..., None], (sx - x0)[..., None]
+    top = img[y0, x0] * (1 - fx) + img[y0, x1] * fx
+    bottom = img[y1, x0] * (1 - fx) + img[y1, x1] * fx
+    return top * (1 - fy) + bottom * fy
+
+
+def centres(out_h, out_w):
+    yy, xx = np.mgrid[0:out_h, 0:out_w]
+    return yy + 0.5, xx + 0.5
+
+
+def as_hwc(batch):
+    return batch.permute(0, 2, 3, 1).numpy().astype(np.float64)
+
+
+# The counter-based hash
+
+
+def test_splitmix64_matches_the_reference_sequence():
+    # splitmix64's first outputs from state 0 (Vigna's reference implementation).
+    expected = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    states = torch.tensor([_signed(k * 0x9E3779B97F4A7C15) for k in range(3)])
+    got = [v % (1 << 64) for v in splitmix64(states).tolist()]
+    assert got == expected
+    assert [_splitmix64_int(s % (1 << 64)) for s in states.tolist()] == expected
+
+
+@given(st.lists(st.integers(-(1 << 63), (1 << 63) - 1), min_size=1, max_size=20))
+def test_tensor_and_integer_splitmix64_agree(values):
+    got = [v % (1 << 64) for v in splitmix64(torch.tensor(values, dtype=torch.int64)).tolist()]
+    assert got == [_splitmix64_int(v % (1 << 64)) for v in values]
+
+
+def test_uniforms_are_uniform_and_depend_on_every_input():
+    keys = torch.arange(20000)
+    u = uniforms(0, 0, keys)
+    assert u.dtype == torch.float32 and u.min() >= 0 and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    assert abs(torch.corrcoef(u[:, :2].T)[0, 1].item()) < 0.03  # slots are independent
+    assert abs(torch.corrcoef(torch.stack([u[:-1, 0], u[1:, 0]]))[0, 1].item()) < 0.03  # so are keys
+    for other in (uniforms(1, 0, keys), uniforms(0, 1, keys), uniforms(0, 0, keys + 1)):
+        assert (other != u).float().mean() > 0.99
+    assert torch.equal(uniforms(0, 0, keys[[5, 3, 5]]), u[[5, 3, 5]])
+
+
+# Geometry against references
+
+
+def test_flips_match_torch_flip_exactly_enough():
+    images = smooth_images()
+    plain = to_device(images, "cpu")
+    h = Augment(hflip=1.0)(images, torch.arange(3), 0)
+    v = Augment(vflip=1.0)(images, torch.arange(3), 0)
+    torch.testing.assert_close(h, plain.flip(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(v, plain.flip(2), atol=1e-5, rtol=0)
+    draws = Augment(hflip=0.5).params(torch.arange(2000), 0, 24, 20)["hflip"]
+    assert 0.45 < draws.float().mean() < 0.55
+
+
+@pytest.mark.parametrize("box", [(0.0, 0.0, 24.0, 20.0), (3.0, 2.0, 12.0, 15.0), (5.25, 1.5, 9.5, 7.75)])
+@pytest.mark.parametrize("size", [(16, 16), (30, 11)])
+def test_crop_matches_a_hand_bilinear_reference(box, size):
+    top, left, box_h, box_w = box
+    images = smooth_images()
+    aug = fixed(Augment(size=size, scale=(0.5, 1.0)), top=top, left=left, box_h=box_h, box_w=box_w)
+    got = as_hwc(aug(images, torch.arange(3), 0))
+    yy, xx = centres(*size)
+    source = np.stack([top + yy * box_h / size[0], left + xx * box_w / size[1]], axis=-1)
+    for i in range(3):
+        ref = bilinear(images[i].numpy().astype(np.float64) / 255, source)
+        np.testing.assert_allclose(got[i], ref, atol=1e-5)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("box", [(0, 0, 24, 20), (3, 2, 12, 15), (6, 4, 18, 10)])
+def test_crop_matches_torchvision_resized_crop(box):
+    top, left, box_h, box_w = box
+    images = smooth_images()
+    aug = fixed(Augment(size=(16, 14), scale=(0.5, 1.0)), top=top, left=left, box_h=box_h, box_w=box_w)
+    got = aug(images, torch.arange(3), 0)
+    for i in range(3):
+        src = images[i].permute(2, 0, 1).float() / 255
+        ref = TF.resized_crop(src, top, left, box_h, box_w, [16, 14], InterpolationMode.BILINEAR, antialias=False)
+        # torchvision clamps to the crop, we read the image around it: compare inside.
+        torch.testing.assert_close(got[i, :, 1:-1, 1:-1], ref[:, 1:-1, 1:-1], atol=1e-5, rtol=0)
+        if box == (0, 0, 24, 20):  # the whole image: same clamping, so equal everywhere
+            torch.testing.assert_close(got[i], ref, atol=1e-5, rtol=0)
+
+
+def test_crop_boxes_follow_random_resized_crop():
+    aug = Augment(scale=(0.2, 0.6), ratio=(0.5, 2.0))
+    p = aug.params(torch.arange(5000), 3, 40, 30)
+    area = p["box_h"] * p["box_w"] / (40 * 30)
+    square = aug.params(torch.arange(5000), 3, 40, 40)
+    ratio = p["box_w"] / p["box_h"]
+    assert area.min() >= 0.2 - 1e-5 and area.max() <= 0.6 + 1e-5
+    assert ratio.min() >= 0.5 - 1e-5 and ratio.max() <= 2.0 + 1e-5
+    assert (p["box_h"] <= 40).all() and (p["box_w"] <= 30).all()
+    assert (p["top"] >= 0).all() and (p["top"] + p["box_h"] <= 40 + 1e-4).all()
+    assert (p["left"] >= 0).all() and (p["left"] + p["box_w"] <= 30 + 1e-4).all()
+    # log-uniform ratio: on a square image as many boxes wider than tall as taller than wide
+    assert 0.45 < (square["box_w"] > square["box_h"]).float().mean() < 0.55
+
+
+def test_impossible_crops_fall_back_to_torchvisions_centre_crop():
+    # No box of the whole area with w/h >= 3 fits a 10x10 image: the image is narrower than
+    # the ratios (1 < 3), so the box takes the full width and height W / 3.
+    p = Augment(scale=(1.0, 1.0), ratio=(3.0, 4.0)).params(torch.arange(50), 0, 10, 10)
+    torch.testing.assert_close(p["box_w"], torch.full((50,), 10.0))
+    torch.testing.assert_close(p["box_h"], torch.full((50,), 10 / 3))
+
+
+@pytest.mark.parametrize("angle", [90.0, -30.0, 12.5])
+def test_rotation_matches_a_hand_reference(angle):
+    images = smooth_images(h=20, w=20)
+    got = as_hwc(fixed(Augment(degrees=45.0), angle=angle)(images, torch.arange(3), 0))
+    yy, xx = centres(20, 20)
+    # counter-clockwise on screen (y down): the source of q is R(-angle) q about the centre
+    t = math.radians(angle)
+    dy, dx = yy - 10, xx - 10
+    source = np.stack([10 + math.sin(t) * dx + math.cos(t) * dy, 10 + math.cos(t) * dx - math.sin(t) * dy], axis=-1)
+    for i in range(3):
+        np.testing.assert_allclose(got[i], bilinear(images[i].numpy() / 255.0, source), atol=1e-5)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("angle", [90.0, -30.0, 12.5])
+def test_rotation_matches_torchvision_rotate(angle):
+    images = smooth_images(h=20, w=20)
+    got = fixed(Augment(degrees=45.0), angle=angle)(images, torch.arange(3), 0)
+    for i in range(3):
+        src = images[i].permute(2, 0, 1).float() / 255
+        ref = TF.rotate(src, angle, InterpolationMode.BILINEAR)
+        inside = TF.rotate(torch.ones(1, 20, 20), angle, InterpolationMode.BILINEAR) > 1 - 1e-6
+        assert inside.sum() > 150
+        torch.testing.assert_close(got[i][inside.expand(3, -1, -1)], ref[inside.expand(3, -1, -1)], atol=1e-4, rtol=0)
+
+
+@needs_torchvision
+def test_translation_and_composition_match_torchvision():
+    images = smooth_images(h=24, w=20)
+    aug = fixed(
+        Augment(size=(16, 16), scale=(0.5, 1.0), hflip=0.5, degrees=30.0, translate=0.2),
+        top=4, left=2, box_h=16, box_w=16, hflip=True, angle=20.0, shift_x=3.0, shift_y=-2.0,
+    )
+    got = aug(images, torch.arange(3), 0)
+    for i in range(3):
+        src = images[i].permute(2, 0, 1).float() / 255
+        step = TF.resized_crop(src, 4, 2, 16, 16, [16, 16], InterpolationMode.BILINEAR, antialias=False)
+        # TF.affine turns clockwise (TF.rotate and Augment counter-clockwise), then shifts.
+        ref = TF.affine(TF.horizontal_flip(step), -20.0, [3, -2], 1.0, [0.0, 0.0], InterpolationMode.BILINEAR)
+        ones = TF.affine(torch.ones(1, 16, 16), -20.0, [3, -2], 1.0, [0.0, 0.0], InterpolationMode.BILINEAR)
+        inside = (ones > 1 - 1e-6).expand(3, -1, -1).clone()
+        inside[:, [0, -1], :] = False  # the crop's edge rows/columns clamp differently
+        inside[:, :, [0, -1]] = False
+        assert inside.sum() > 300
+        torch.testing.assert_close(got[i][inside], ref[inside], atol=1e-4, rtol=0)
+
+
+def test_translation_moves_the_image_by_the_drawn_pixels():
+    images = smooth_images(h=20, w=20)
+    got = fixed(Augment(translate=0.3), shift_x=4.0, shift_y=-3.0)(images, torch.arange(3), 0)
+    plain = to_device(images, "cpu")
+    torch.testing.assert_close(got[:, :, 0:17, 4:20], plain[:, :, 3:20, 0:16], atol=1e-5, rtol=0)
+
+
+# Colour against references
+
+
+def hand_jitter(img, brightness, contrast, saturation):
+    """ColorJitter's formulas on an H×W×3 float image in [0, 1], in Augment's order."""
+    gray = lambda x: x @ np.array([0.2989, 0.587, 0.114])  # noqa: E731
+    img = np.clip(img * brightness, 0, 1)
+    img = np.clip(contrast * img + (1 - contrast) * gray(img).mean(), 0, 1)
+    return np.clip(saturation * img + (1 - saturation) * gray(img)[..., None], 0, 1)
+
+
+@pytest.mark.parametrize("factors", [(1.3, 1.0, 1.0), (1.0, 0.6, 1.0), (1.0, 1.0, 1.7), (0.7, 1.4, 0.2)])
+def test_jitter_matches_colorjitter_formulas(factors):
+    images = smooth_images()
+    b, c, s = factors
+    aug = fixed(Augment(brightness=0.5, contrast=0.5, saturation=0.9), brightness=b, contrast=c, saturation=s)
+    got = as_hwc(aug(images, torch.arange(3), 0))
+    for i in range(3):
+        ref = hand_jitter(images[i].numpy() / 255.0, b, c, s)
+        np.testing.assert_allclose(got[i], ref, atol=1e-5)
+        if TF is not None:
+            src = images[i].permute(2, 0, 1).float() / 255
+            tv = TF.adjust_saturation(TF.adjust_contrast(TF.adjust_brightness(src, b), c), s)
+            np.testing.assert_allclose(got[i], tv.permute(1, 2, 0).numpy(), atol=1e-5)
+
+
+def test_jitter_factors_span_their_range():
+    p = Augment(brightness=0.4, contrast=0.2).params(torch.arange(5000), 0, 8, 8)
+    for name, strength in (("brightness", 0.4), ("contrast", 0.2)):
+        assert p[name].min() >= 1 - strength and p[name].max() <= 1 + strength
+        assert p[name].min() < 1 - 0.9 * strength and p[name].max() > 1 + 0.9 * strength
+    assert (p["saturation"] == 1).all()
+
+
+def test_normalisation_is_fused_and_matches_to_device():
+    images = smooth_images()
+    aug = Augment(size=16, scale=(0.3, 1.0), hflip=0.5, brightness=0.3)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    got = to_device(images, "cpu", mean=mean, std=std, augment=aug, keys=[4, 5, 6], epoch=2)
+    ref = (aug(images, [4, 5, 6], 2) - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert to_device(images, "cpu", augment=aug, keys=[4, 5, 6], epoch=2, channels_last=False).is_contiguous()
+    half = to_device(images, "cpu", dtype=torch.bfloat16, augment=aug, keys=[4, 5, 6], epoch=2)
+    assert half.dtype == torch.bfloat16 and half.shape == (3, 3, 16, 16)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_no_op_augment_returns_exactly_to_devices_output(channels_last):
+    images = smooth_images()
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    plain = to_device(images, "cpu", mean=mean, std=std, channels_last=channels_last)
+    noop = to_device(images, "cpu", mean=mean, std=std, channels_last=channels_last, augment=Augment(), keys=[0, 1, 2])
+    assert torch.equal(plain, noop) and plain.stride() == noop.stride()
+    assert torch.equal(to_device(images, "cpu", augment=Augment()), to_device(images, "cpu"))  # keys not needed
+    assert not Augment().active and not Augment.from_spec("none").active
+
+
+# Per-record determinism
+
+
+def augmented_epoch(ds, aug, epoch, num_workers=None, stop=None):
+    """{record: its augmented image} for one epoch of `ds`, through a DataLoader if asked."""
+    source = ds if num_workers is None else DataLoader(ds, batch_size=None, num_workers=num_workers)
+    seen = {}
+    for number, (images, _, keys) in enumerate(source):
+        if number == stop:
+            break
+        out = to_device(images, "cpu", augment=aug, keys=keys, epoch=epoch)
+        seen.update(zip(keys.tolist(), out))
+    return seen
+
+
+AUG = Augment(size=(8, 8), scale=(0.3, 1.0), hflip=0.5, vflip=0.3, degrees=10, brightness=0.4, contrast=0.4, saturation=0.4, seed=7)
+
+
+def assert_same_records(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("batch_size, workers", [(1, None), (7, None), (64, None), (7, 2), (64, 2)])
+def test_a_record_gets_the_same_augmentation_whatever_the_batching(store_path, batch_size, workers):
+    reference = augmented_epoch(FastLoadDataset(store_path, 5, seed=1, return_indices=True), AUG, epoch=3)
+    assert len(reference) == N
+    ds = FastLoadDataset(store_path, batch_size, seed=2, return_indices=True)
+    assert_same_records(augmented_epoch(ds, AUG, epoch=3, num_workers=workers), reference)
+
+
+def test_a_record_gets_the_same_augmentation_on_any_rank(store_path):
+    reference = augmented_epoch(FastLoadDataset(store_path, 5, return_indices=True), AUG, epoch=1)
+    merged = {}
+    for rank in range(3):
+        ds = FastLoadDataset(store_path, 4, rank=rank, world_size=3, return_indices=True)
+        merged.update(augmented_epoch(ds, AUG, epoch=1))
+    assert_same_records(merged, reference)
+
+
+def test_a_mid_epoch_resume_repeats_the_augmentation(store_path):
+    whole = augmented_epoch(FastLoadDataset(store_path, 7, seed=3, return_indices=True), AUG, epoch=0)
+    first = FastLoadDataset(store_path, 7, seed=3, return_indices=True)
+    before = augmented_epoch(first, AUG, epoch=0, stop=4)
+    resumed = FastLoadDataset(store_path, 7, seed=3, return_indices=True)
+    resumed.load_state_dict({"seed": 3, "epoch": 0, "position": 4})
+    after = augmented_epoch(resumed, AUG, epoch=0)
+    assert not before.keys() & after.keys()
+    assert_same_records({**before, **after}, whole)
+
+
+def test_epochs_and_seeds_change_the_augmentation():
+    images = smooth_images(n=8)
+    keys = torch.arange(8)
+    base = AUG(images, keys, 0)
+    assert not torch.allclose(base, AUG(images, keys, 1))
+    other_seed = Augment(**{**vars(AUG), "seed": 8})
+    assert not torch.allclose(base, other_seed(images, keys, 0))
+    # the same record in one batch twice: the same picture twice
+    twice = AUG(images[[2, 2]], torch.tensor([5, 5]), 0)
+    assert torch.equal(twice[0], twice[1])
+
+
+# Arguments
+
+
+def test_from_spec_builds_the_documented_augmentations():
+    aug = Augment.from_spec("crop,flip,jitter", size=224, seed=3)
+    assert (aug.size, aug.scale, aug.hflip, aug.vflip, aug.seed) == ((224, 224), (0.08, 1.0), 0.5, 0.0, 3)
+    assert aug.brightness == aug.contrast == aug.saturation == 0.4
+    aug = Augment.from_spec(" crop=0.3 , vflip , rotate=15, translate, jitter=0.2")
+    assert (aug.scale, aug.vflip, aug.degrees, aug.translate, aug.brightness) == ((0.3, 1.0), 0.5, 15.0, 0.1, 0.2)
+    with pytest.raises(ValueError, match="unknown augmentation 'blur'.*known: crop, flip"):
+        Augment.from_spec("crop,blur")
+    with pytest.raises(ValueError, match="'rotate=lots'.*not a number"):
+        Augment.from_spec("rotate=lots")
+    with pytest.raises(ValueError, match="probability"):
+        Augment.from_spec("flip=2")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"hflip": 1.5}, "hflip must be a probability"),
+        ({"scale": (0.5, 0.2)}, "low <= high"),
+        ({"scale": (0.0, 1.0)}, r"scale must lie in \(0, 1\]"),
+        ({"ratio": (-1.0, 1.0)}, "ratio must be positive"),
+        ({"size": 0}, "size must be a positive int"),
+        ({"degrees": -3}, "degrees must be between 0 and 180"),
+        ({"saturation": 2}, "saturation must be between 0 and 1"),
+        ({"seed": -1}, "seed must be a non-negative int"),
+    ],
+)
+def test_bad_options_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Augment(**kwargs)
+
+
+def test_bad_calls_are_refused_with_the_reason():
+    images = smooth_images()
+    aug = Augment(hflip=0.5)
+    with pytest.raises(ValueError, match="augment needs keys"):
+        to_device(images, "cpu", augment=aug)
+    with pytest.raises(ValueError, match="2 keys for 3 images"):
+        aug(images, [0, 1], 0)
+    with pytest.raises(TypeError, match="integer record indices"):
+        aug(images, [0.0, 1.0, 2.0], 0)
+    with pytest.raises(ValueError, match="epoch must be a non-negative int"):
+        aug(images, [0, 1, 2], -1)
+    with pytest.raises(TypeError, match="uint8 tensor"):
+        aug(images.float(), [0, 1, 2], 0)
+    with pytest.raises(TypeError, match="fastload.Augment"):
+        to_device(images, "cpu", augment="crop", keys=[0, 1, 2])
+    with pytest.raises(ValueError, match="need RGB images, not 1 channels"):
+        Augment(saturation=0.3)(images[..., :1], [0, 1, 2], 0)
+
+
+# Preview
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_preview_png_shows_records_by_epoch(store_path, tmp_path):
+    from PIL import Image
+
+    from fastload.augment import save_preview
+
+    out = tmp_path / "grid.png"
+    size = save_preview(store_path, out, Augment(size=(6, 5), hflip=0.5), records=3, epochs=4)
+    assert size == (4 * 7 + 2, 3 * 8 + 2)
+    picture = np.asarray(Image.open(out))
+    assert picture.shape == (26, 30, 3)
+    assert (picture[0] == 255).all() and (picture[:, 0] == 255).all()  # the white frame
+    # Row 1, column 0 is record 34 of epoch 0 (0, 34, 69 are spread evenly over 70), as Augment makes it.
+    from fastload import Store
+
+    store = Store(store_path)
+    tile = Augment(size=(6, 5), hflip=0.5)(torch.from_numpy(store.gather([34])[0]), [34], 0)
+    expected = (tile[0] * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+    np.testing.assert_array_equal(picture[10:16, 2:7], expected)
+
+
+def test_cli_augment_preview_writes_the_grid(store_path, tmp_path):
+    out = tmp_path / "grid.png"
+    result = run_cli("augment-preview", str(store_path), "--augment", "crop,flip,jitter", "--size", "8", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert str(out) in result.stdout and out.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--augment", "crop,wobble"], "unknown augmentation 'wobble'"),
+        (["--augment", "flip=3"], "hflip must be a probability"),
+    ],
+)
+def test_cli_augment_preview_refuses_bad_specs(store_path, tmp_path, capsys, args, message):
+    out = tmp_path / "grid.png"
+    assert cli.main(["augment-preview", str(store_path), *args, "-o", str(out)]) == 1
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_augment_preview_names_a_missing_store(tmp_path, capsys):
+    assert cli.main(["augment-preview", str(tmp_path / "nope.bin"), "-o", str(tmp_path / "g.png")]) == 1
+    assert "nope.bin" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# CUDA
+
+
+@needs_cuda
+def test_cuda_matches_cpu():
+    images = smooth_images(n=16)
+    keys = torch.arange(100, 116)
+    cpu = to_device(images, "cpu", augment=AUG, keys=keys, epoch=5)
+    cuda = to_device(images.pin_memory(), "cuda", augment=AUG, keys=keys.cuda(), epoch=5)
+    p_cpu, p_cuda = AUG.params(keys, 5, 24, 20), AUG.params(keys.cuda(), 5, 24, 20)
+    for name in p_cpu:
+        assert torch.equal(p_cpu[name], p_cuda[name].cpu()), name
+    torch.testing.assert_close(cuda.cpu(), cpu, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("size", [(5, 7), (16, 16)])
+def test_the_broadcast_grid_equals_affine_grid(size):
+    from fastload.augment import affine_grid
+
+    theta = torch.randn(6, 2, 3, generator=torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.affine_grid(theta, [6, 3, *size], align_corners=False)
+    torch.testing.assert_close(affine_grid(theta, *size), expected, atol=1e-6, rtol=0)
+
+
+def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):
+    import fastload.augment
+
+    images = smooth_images(n=7)
+    whole = to_device(images, "cpu", mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
+    monkeypatch.setattr(fastload.augment, "_CPU_WORKING_SET", 3 * 2 * (24 * 20 + 8 * 8) * 4)  # 2 per group
+    grouped = to_device(images, "cpu", mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
+    assert torch.equal(whole, grouped) and grouped.is_contiguous(memory_format=torch.channels_last)
