@@ -11,6 +11,7 @@ import pickle
 import signal
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
+import fastload
 import fastload.device
 from fastload import FastLoadDataset, Store, StoreError, StoreWriter, split_indices, to_device
 from fastload.dataset import RankPlan, epoch_order
@@ -857,3 +859,19 @@ def test_a_forked_child_can_drop_a_copy_of_a_running_iteration(store_path):
         pytest.fail("the forked child hung dropping the copied iteration")
     assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
     assert len(list(it)) == len(FastLoadDataset(store_path, 4)) - 1
+
+
+def test_a_dataloader_that_batches_the_batches_again_is_warned_about(tmp_path):
+    path = tmp_path / "s.fl"
+    with fastload.StoreWriter(path, (2, 2, 3)) as w:
+        w.extend(np.zeros((6, 2, 2, 3), np.uint8), np.arange(6.0))
+    ds = FastLoadDataset(path, batch_size=4, shuffle=False)
+    with pytest.warns(UserWarning, match="batch_size=None"):
+        images, _ = next(iter(torch.utils.data.DataLoader(ds)))
+    assert images.dim() == 5  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        images, _ = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
+        assert images.shape == (4, 2, 2, 3)
+        for images, _ in ds:
+            assert images.dim() == 4

@@ -401,7 +401,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     (tmp_path / "no_images" / "c").mkdir(parents=True)
     (tmp_path / "no_images" / "c" / "notes.txt").write_text("text")
     assert cli_main(["pack", str(tmp_path / "no_images"), str(tmp_path / "n.fl")]) == 1
-    assert "none of the 1 image(s) could be packed" in capsys.readouterr().err
+    assert "no images found (1 other file(s)" in capsys.readouterr().err
     for usage in (["--resize", "stretch"], ["--size", "0"], ["--fill", "1,2"], ["--workers", "x"]):
         with pytest.raises(SystemExit) as exit_:
             cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "u.fl"), *usage])

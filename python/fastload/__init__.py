@@ -4,8 +4,7 @@ Pack a folder of images once into a uint8 store, memory-map it, and feed trainin
 loops with batches gathered by Rust threads at memory bandwidth.
 """
 
-from fastload._core import StoreError
-from fastload._core import __version__
+from fastload._core import StoreError, __version__
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 

@@ -4,6 +4,8 @@ bookkeeping across processes (set_epoch, state_dict) and the loop that yields th
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from typing import Any, Iterator, Optional, Tuple, Union
 
 import numpy as np
@@ -256,6 +258,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         return epoch, start
 
     def __iter__(self) -> Iterator[tuple]:
+        _warn_if_batched_again(self, sys._getframe(1))
         worker = torch.utils.data.get_worker_info()
         store = self._open()
         store.check_unchanged()
@@ -308,3 +311,23 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 self._progress = None
         finally:
             prefetched.close()
+
+
+def _warn_if_batched_again(dataset: FastLoadDataset, caller) -> None:
+    """`DataLoader(ds)` without `batch_size=None` stacks the batches this dataset already
+    yields into 5-D tensors, silently. The DataLoader's fetcher (torch's or torchdata's)
+    calls `iter(ds)`: a caller frame whose `self` fetches for this dataset with automatic
+    batching on gives the mistake away."""
+    for _ in range(3):
+        if caller is None:
+            return
+        fetcher = caller.f_locals.get("self")
+        if getattr(fetcher, "dataset", None) is dataset and getattr(fetcher, "auto_collation", False):
+            warnings.warn(
+                "FastLoadDataset yields whole batches, and this DataLoader batches them again into "
+                "5-D tensors: pass batch_size=None, as in DataLoader(ds, batch_size=None)",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        caller = caller.f_back
