@@ -20,6 +20,9 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// How long `next` waits with the GIL released before checking for Ctrl-C.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
+/// The (images, labels) arrays a slot's batch is gathered into.
+type SlotArrays = (Py<PyAny>, Py<PyAny>);
+
 /// A pass over a list of batches, gathered ahead into batch buffers the caller lends.
 /// Fields drop in order: the threads are joined before the buffers are let go.
 #[pyclass(frozen, name = "Prefetcher", module = "fastload._core")]
@@ -28,7 +31,7 @@ pub struct CorePrefetcher {
     /// thread while `next` waits; write-locked only by `close`.
     inner: RwLock<Option<Prefetcher>>,
     /// The arrays behind each slot, kept alive while the prefetcher may write them.
-    buffers: Mutex<HashMap<usize, (Py<PyAny>, Py<PyAny>)>>,
+    buffers: Mutex<HashMap<usize, SlotArrays>>,
     image_len: usize,
     pid: u32,
 }
