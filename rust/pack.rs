@@ -952,6 +952,130 @@ mod tests {
     }
 
     #[test]
+    fn dct_scale_is_the_smallest_that_covers_the_record() {
+        // 1/8 of 4000x3000 is 500x375, short of 384 rows; 1/4 is 1000x750.
+        assert_eq!(dct_scale((4000, 3000), (384, 384)), 2);
+        assert_eq!(dct_scale((6000, 4000), (384, 384)), 1);
+        assert_eq!(dct_scale((1024, 768), (384, 384)), 4);
+        assert_eq!(dct_scale((500, 375), (384, 384)), 8);
+        // libjpeg rounds up: 1/8 of 3073 is 385 pixels.
+        assert_eq!(scaled(3073, 1), 385);
+        assert_eq!(dct_scale((3073, 3073), (385, 385)), 1);
+        // A quarter turn: the record's rows come from the stored columns.
+        assert_eq!(oriented((400, 3000), Orientation::Rotate90), (3000, 400));
+        let pad = spec(32, 32, ResizeMode::Pad);
+        assert_eq!(needed_size((1000, 500), &pad), (32, 16));
+    }
+
+    fn photo(width: u32, height: u32) -> RgbImage {
+        RgbImage::from_fn(width, height, |x, y| {
+            let v = ((x / 3) ^ (y / 5)) as u8;
+            Rgb([v, (x * 255 / width) as u8, (y * 255 / height) as u8])
+        })
+    }
+
+    #[test]
+    fn a_scaled_jpeg_decode_matches_a_full_one_and_reserves_less() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpeg = encode(
+            &DynamicImage::ImageRgb8(photo(1600, 1200)),
+            ImageFormat::Jpeg,
+        );
+        assert_eq!(
+            libjpeg_frame(&jpeg),
+            Some(JpegFrame {
+                progressive: false,
+                components: 3
+            })
+        );
+        let paths = write_files(dir.path(), &[("big.jpg", jpeg.clone())]);
+        let spec = spec(48, 64, ResizeMode::Crop);
+        let decoder = Decoder::new(spec, Some(1)).unwrap();
+        let mut scaled_record = vec![0u8; spec.image_len()];
+        decoder
+            .decode_into(&paths, &mut scaled_record, || false)
+            .unwrap()
+            .unwrap()[0]
+            .clone()
+            .unwrap();
+        let full = decode_rgb(&jpeg).unwrap();
+        let mut full_record = vec![0u8; spec.image_len()];
+        resize_into(
+            &full,
+            (1600, 1200),
+            &spec,
+            &mut full_record,
+            &mut Resizer::new(),
+        )
+        .unwrap();
+        let mse = scaled_record
+            .iter()
+            .zip(&full_record)
+            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+            .sum::<f64>()
+            / full_record.len() as f64;
+        let psnr = 10.0 * (255.0f64.powi(2) / mse).log10();
+        assert!(psnr > 30.0, "PSNR {psnr:.1} dB");
+        let full_footprint =
+            full_decode_footprint(&image_decoder(&jpeg).unwrap(), jpeg.len(), &spec);
+        assert!(decoder.peak_reserved() * 10 < full_footprint);
+    }
+
+    #[test]
+    fn a_scaled_jpeg_keeps_its_exif_orientation() {
+        // Left half red, right half blue, stored 1600x800 with "turn 90 degrees clockwise":
+        // upright, red is on top.
+        let image = RgbImage::from_fn(1600, 800, |x, _| {
+            if x < 800 {
+                Rgb([255, 0, 0])
+            } else {
+                Rgb([0, 0, 255])
+            }
+        });
+        let mut jpeg = Vec::new();
+        let mut encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90);
+        // A little-endian TIFF header and one IFD entry: Orientation (0x0112) = 6.
+        let exif = [
+            &b"II*\0\x08\0\0\0\x01\0"[..],
+            &[0x12, 0x01, 3, 0, 1, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat();
+        encoder.set_exif_metadata(exif).unwrap();
+        encoder
+            .write_image(image.as_raw(), 1600, 800, image::ExtendedColorType::Rgb8)
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let paths = write_files(dir.path(), &[("turned.jpg", jpeg)]);
+        let spec = spec(32, 16, ResizeMode::Squash);
+        let decoder = Decoder::new(spec, Some(1)).unwrap();
+        let mut slot = vec![0u8; spec.image_len()];
+        let outcomes = decoder.decode_into(&paths, &mut slot, || false).unwrap();
+        assert!(outcomes.unwrap()[0].is_ok());
+        let pixel = |y: usize| &slot[(y * 16 + 8) * 3..(y * 16 + 8) * 3 + 3];
+        assert!(pixel(2)[0] > 200 && pixel(2)[2] < 50, "{:?}", pixel(2));
+        assert!(pixel(29)[2] > 200 && pixel(29)[0] < 50, "{:?}", pixel(29));
+    }
+
+    #[test]
+    fn libjpeg_failures_become_messages() {
+        let err = decode_jpeg(b"\xFF\xD8 not a JPEG after all", 8).unwrap_err();
+        assert!(err.starts_with("corrupt or truncated image: "), "{err}");
+        assert_eq!(libjpeg_frame(b"\x89PNG"), None);
+        let cmyk = [0xFF, 0xD8, 0xFF, 0xC0, 0, 17, 8, 0, 8, 0, 8, 4];
+        assert_eq!(libjpeg_frame(&cmyk), None);
+        let progressive_gray = [
+            0xFF, 0xD8, 0xFF, 0xE1, 0, 2, 0xFF, 0xC2, 0, 11, 8, 0, 8, 0, 8, 1,
+        ];
+        assert_eq!(
+            libjpeg_frame(&progressive_gray),
+            Some(JpegFrame {
+                progressive: true,
+                components: 1
+            })
+        );
+    }
+
+    #[test]
     fn a_named_pipe_fails_at_once_instead_of_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("swapped.jpg");
