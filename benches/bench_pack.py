@@ -1,18 +1,28 @@
-"""Benchmark of `fastload.pack` against the packer a user would write today with Pillow.
+"""Benchmark of `fastload.pack` against the packers a user would write today with Pillow.
 
-Builds a folder of JPEG photos (crops, rescales and flips of scikit-image's sample
-photographs, quality 85-95, sizes like 500x375 and 1024x768), then times on the same
-files, alternating, median of `--repeats` runs each:
+Builds three folders of JPEG photos from scikit-image's sample photographs (crops,
+upscaled with Bicubic, with Gaussian sensor-like noise, quality 85-95):
 
-- fastload.pack(src, dest, size, resize=..., workers=N)
-- Pillow in a ThreadPoolExecutor of N threads: open, EXIF-transpose, convert to RGB,
-  resize with the same filter and geometry (Lanczos; ImageOps.fit for crop), write the
-  same bytes in order to a raw file.
+- web: 500x375 to 1024x768;
+- hd: 1920x1080;
+- camera: 4000x3000 and 6000x4000 (12 and 24 megapixels).
 
-Prints files/s, MB/s of JPEG read, the ratio, and the PSNR between the two packers' pixels.
+Then times on each folder, the methods alternating, median of `--repeats` runs, packing
+to `--size` square records (crop) with `--workers` threads:
+
+- fastload.pack(...), which decodes JPEGs at 1/2, 1/4 or 1/8 scale in the DCT domain;
+- Pillow + `Image.draft` (the same DCT scaling) in a ThreadPoolExecutor;
+- plain Pillow (full decode) in a ThreadPoolExecutor;
+- the same two with pillow-simd, when `--simd-python` names a Python that has it
+  (run as a subprocess of this script, in turn with the others).
+
+Each Pillow packer opens, EXIF-transposes, converts to RGB, resizes with Lanczos
+(ImageOps.fit, the geometry of fastload's crop) and writes the records in order.
+Quality: PSNR of each packer's records against a float reference, a full decode resized
+with Lanczos per channel in Pillow's float mode 'F' (no 8-bit rounding in between).
 
     pip install -e ".[bench]"    # Pillow and scikit-image (the sample photographs)
-    python benches/bench_pack.py [--files 600] [--size 256] [--resize crop] [--workers N]
+    python benches/bench_pack.py [--size 384] [--workers 2] [--simd-python /tmp/simd/bin/python]
 """
 
 from __future__ import annotations
@@ -21,19 +31,23 @@ import argparse
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import PIL
 from PIL import Image, ImageOps
 
-import fastload
-
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
-SIZES = ((500, 375), (375, 500), (1024, 768), (768, 1024), (640, 480))  # (width, height)
+WEB_SIZES = ((500, 375), (375, 500), (1024, 768), (768, 1024), (640, 480))  # (width, height)
+CORPORA = {  # name: (sizes, files)
+    "web": (WEB_SIZES, 100),
+    "hd": (((1920, 1080),), 24),
+    "camera": (((4000, 3000), (6000, 4000)), 24),
+}
 
 
 def sample_photos() -> list:
@@ -49,52 +63,65 @@ def sample_photos() -> list:
     return photos
 
 
-def make_folder(root: Path, count: int, seed: int = 0) -> int:
-    """`count` distinct JPEGs in 5 class folders; returns their total size in bytes."""
+def make_folder(root: Path, sizes: tuple, count: int, seed: int = 0) -> int:
+    """`count` distinct JPEGs of the given sizes; returns their total size in bytes."""
     rng = np.random.default_rng(seed)
     photos = sample_photos()
+    (root / "photos").mkdir(parents=True)  # one class folder: pack wants labels
     total = 0
     for i in range(count):
         photo = photos[i % len(photos)]
         w, h = photo.size
         cw, ch = int(w * rng.uniform(0.6, 1.0)), int(h * rng.uniform(0.6, 1.0))
         left, top = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-        image = photo.crop((left, top, left + cw, top + ch)).resize(SIZES[i % len(SIZES)], Image.BICUBIC)
+        image = photo.crop((left, top, left + cw, top + ch)).resize(sizes[i % len(sizes)], Image.BICUBIC)
         if rng.random() < 0.5:
             image = ImageOps.mirror(image)
-        path = root / f"class{i % 5}" / f"photo_{i:05}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        pixels = np.asarray(image, dtype=np.float32)
+        pixels += rng.normal(0, rng.uniform(2, 6), pixels.shape).astype(np.float32)  # sensor noise
+        image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+        path = root / "photos" / f"photo_{i:05}.jpg"
         image.save(path, quality=int(rng.integers(85, 96)))
         total += path.stat().st_size
     return total
 
 
-def pillow_record(path: Path, size: tuple, resize: str, fill: int) -> bytes:
+def pillow_record(path: Path, side: int, draft: bool) -> bytes:
     """One record the way a Pillow user would make it, with fastload's filter and geometry."""
-    width, height = size[1], size[0]
+    with Image.open(path) as im:
+        if draft:
+            im.draft("RGB", (side, side))
+        im = ImageOps.exif_transpose(im).convert("RGB")
+        return ImageOps.fit(im, (side, side), Image.LANCZOS).tobytes()
+
+
+def pillow_pack(files: list, dest: Path, side: int, workers: int, draft: bool) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool, open(dest, "wb") as out:
+        for record in pool.map(lambda p: pillow_record(p, side, draft), files):
+            out.write(record)
+    return time.perf_counter() - start
+
+
+def reference(path: Path, side: int) -> np.ndarray:
+    """Full decode, then Lanczos per channel in float: the crop of ImageOps.fit, no rounding."""
     with Image.open(path) as im:
         im = ImageOps.exif_transpose(im).convert("RGB")
-        if resize == "crop":
-            im = ImageOps.fit(im, (width, height), Image.LANCZOS)
-        elif resize == "pad":
-            im = ImageOps.pad(im, (width, height), Image.LANCZOS, color=(fill,) * 3)
-        else:
-            im = im.resize((width, height), Image.LANCZOS)
-        return im.tobytes()
+    w, h = im.size
+    crop = min(w, h)  # a square record: the centre square
+    box = ((w - crop) / 2, (h - crop) / 2, (w + crop) / 2, (h + crop) / 2)
+    channels = [c.convert("F").resize((side, side), Image.LANCZOS, box=box) for c in im.split()]
+    return np.stack([np.asarray(c) for c in channels], axis=-1)
 
 
-def pillow_pack(files: list, dest: Path, size: tuple, resize: str, workers: int) -> None:
-    with ThreadPoolExecutor(workers) as pool, open(dest, "wb") as out:
-        for record in pool.map(lambda p: pillow_record(p, size, resize, 0), files):
-            out.write(record)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+def psnr(records: np.ndarray, references: np.ndarray) -> float:
+    mse = float(np.mean((records.astype(np.float64) - np.clip(references, 0, 255)) ** 2))
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def machine() -> str:
+    import PIL
+
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -104,44 +131,79 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, Pillow {PIL.__version__}"
 
 
+def simd_pack(python: str, files: list, dest: Path, side: int, workers: int, draft: bool) -> float:
+    """Times pillow_pack in another Python (pillow-simd's); returns its seconds."""
+    out = subprocess.run(
+        [python, __file__, "--pillow-only", str(dest), "--size", str(side), "--workers", str(workers)]
+        + (["--draft"] if draft else []) + [str(f) for f in files],
+        check=True, capture_output=True, text=True,
+    )
+    return float(out.stdout)
+
+
+def run_corpus(name: str, tmp: Path, args) -> None:
+    import fastload
+
+    sizes, count = CORPORA[name]
+    src = tmp / name
+    source_bytes = make_folder(src, sizes, count)
+    files = sorted(src.glob("photos/*.jpg"))
+    side = args.size
+    methods = {
+        "fastload": lambda dest: timed(lambda: fastload.pack(src, dest, side, resize="crop", workers=args.workers,
+                                                             quiet=True, overwrite=True)),
+        "pillow+draft": lambda dest: pillow_pack(files, dest, side, args.workers, draft=True),
+        "pillow": lambda dest: pillow_pack(files, dest, side, args.workers, draft=False),
+    }
+    if args.simd_python:
+        methods["simd+draft"] = lambda dest: simd_pack(args.simd_python, files, dest, side, args.workers, True)
+        methods["simd"] = lambda dest: simd_pack(args.simd_python, files, dest, side, args.workers, False)
+    times = {m: [] for m in methods}
+    load = os.getloadavg()[0]
+    for _ in range(args.repeats):
+        for method, run in methods.items():
+            times[method].append(run(tmp / f"{name}-{method}.out"))
+    load = f"{load:.1f} -> {os.getloadavg()[0]:.1f}"
+    references = np.stack([reference(f, side) for f in files])
+    records = {"fastload": np.asarray(fastload.Store(tmp / f"{name}-fastload.out").images)}
+    for method in methods:
+        if method != "fastload":
+            records[method] = np.fromfile(tmp / f"{name}-{method}.out", np.uint8).reshape(references.shape)
+    print(f"{name}: {count} JPEGs {'/'.join(f'{w}x{h}' for w, h in sizes)}, {source_bytes / 1e6:.1f} MB, "
+          f"-> {side}x{side} crop, {args.workers} workers, median of {args.repeats}, load average {load}")
+    ours = times["fastload"]
+    for method, seconds in times.items():
+        pairs = [theirs / mine for mine, theirs in zip(ours, seconds)]
+        print(f"  {method:13} {statistics.median(seconds):6.2f} s {count / statistics.median(seconds):7.1f} files/s  "
+              f"fastload is {statistics.median(pairs):5.2f}x faster (pairs {', '.join(f'{r:.2f}' for r in pairs)})  "
+              f"PSNR {psnr(records[method], references):5.1f} dB")
+
+
+def timed(f) -> float:
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=600)
-    parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--resize", choices=("squash", "crop", "pad"), default="crop")
-    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--size", type=int, default=384)
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--corpora", default="web,hd,camera")
+    parser.add_argument("--simd-python", help="a Python with pillow-simd installed, for two more columns")
+    parser.add_argument("--pillow-only", help=argparse.SUPPRESS)  # the subprocess of simd_pack
+    parser.add_argument("--draft", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("files", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    size = (args.size, args.size)
-
+    if args.pillow_only:
+        print(pillow_pack([Path(f) for f in args.files], Path(args.pillow_only), args.size, args.workers, args.draft))
+        return
+    print(f"machine: {machine()}")
+    print(f"command: {' '.join([Path(sys.executable).name] + sys.argv)}")
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        src = tmp / "photos"
-        source_bytes = make_folder(src, args.files)
-        files = sorted(src.rglob("*.jpg"), key=lambda p: p.relative_to(src).as_posix())
-        times = {"fastload": [], "pillow": []}
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            fastload.pack(src, tmp / "store.fl", size, resize=args.resize, workers=args.workers, quiet=True,
-                          overwrite=True)
-            times["fastload"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            pillow_pack(files, tmp / "pillow.raw", size, args.resize, args.workers)
-            times["pillow"].append(time.perf_counter() - start)
-        ours = np.asarray(fastload.Store(tmp / "store.fl").images)
-        theirs = np.fromfile(tmp / "pillow.raw", dtype=np.uint8).reshape(ours.shape)
-
-    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{args.files} JPEGs, {source_bytes / 1e6:.1f} MB, -> {args.size}x{args.size} {args.resize}, "
-          f"{args.workers} workers, median of {args.repeats}")
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    for name, seconds in medians.items():
-        print(f"  {name:9} {seconds:6.2f} s  {args.files / seconds:7.0f} files/s  "
-              f"{source_bytes / 1e6 / seconds:6.1f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times[name])})")
-    pairs = [p / f for f, p in zip(times["fastload"], times["pillow"])]
-    print(f"  ratio fastload / pillow: {medians['pillow'] / medians['fastload']:.2f}x of the medians; "
-          f"per alternating pair {', '.join(f'{r:.2f}' for r in pairs)} (median {statistics.median(pairs):.2f}x)")
-    print(f"  PSNR fastload vs pillow pixels: {psnr(ours, theirs):.1f} dB")
+        for name in args.corpora.split(","):
+            run_corpus(name, Path(tmp), args)
 
 
 if __name__ == "__main__":

@@ -127,8 +127,8 @@ def test_ctrl_c_stops_a_long_chunk_within_a_second_and_leaves_nothing(tmp_path):
     for i in range(1, 16):  # one chunk of 16 files, seconds of decoding on one thread
         os.link(src / "0.jpg", src / f"{i}.jpg")
     dest = tmp_path / "s.fl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fastload", "pack", str(tmp_path / "src"), str(dest), "--size", "64",
+    proc = subprocess.Popen(  # 2048: over half the side, so JPEGs decode at full scale (no DCT shortcut)
+        [sys.executable, "-m", "fastload", "pack", str(tmp_path / "src"), str(dest), "--size", "2048",
          "--workers", "1", "--quiet"],
         stderr=subprocess.PIPE,
     )
