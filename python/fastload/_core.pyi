@@ -1,12 +1,35 @@
 """Type stubs for the Rust extension `fastload._core` (hand-written; keep in step with rust/bindings/)."""
 
 import os
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
 
 _Path = Union[str, os.PathLike[str]]
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_META_DEPTH",
+    "MAX_META_LEN",
+    "MAX_META_VALUES",
+    "Mapping",
+    "PACK_ALPHA_BACKGROUND",
+    "PACK_DECODE_MEMORY_BUDGET",
+    "PACK_MAX_DECODE_ALLOC",
+    "PACK_MAX_PIXELS",
+    "PACK_MAX_WORKERS",
+    "PackDecoder",
+    "Prefetcher",
+    "Store",
+    "StoreError",
+    "StoreWriter",
+    "__version__",
+    "check_meta",
+    "evict",
+    "num_threads",
+]
 
 __version__: str  # Cargo.toml's version: the package's one version number
 FORMAT_VERSION: int
@@ -26,11 +49,13 @@ def num_threads() -> int: ...
 def check_meta(meta_json: str) -> None: ...
 def evict(path: _Path) -> None: ...
 
+@final
 class Mapping:
     """Keeps a store's mapping alive as the `base` of the NumPy arrays built on it."""
 
+@final
 class Store:
-    def __init__(self, path: _Path) -> None: ...
+    def __new__(cls, path: _Path) -> Self: ...
     @property
     def path(self) -> str: ...
     @property
@@ -64,18 +89,20 @@ class Store:
     def check_unchanged(self) -> None: ...
     def close(self) -> None: ...
 
+@final
 class StoreWriter:
-    def __init__(self, path: _Path, shape: Tuple[int, int, int], label_dtype: str, overwrite: bool) -> None: ...
+    def __new__(cls, path: _Path, shape: Tuple[int, int, int], label_dtype: str, overwrite: bool) -> Self: ...
     def __len__(self) -> int: ...
     def append_many(self, images: npt.NDArray[np.uint8], labels: npt.NDArray[np.uint8]) -> None: ...
     def commit(self, meta_json: str) -> str: ...
     def discard(self) -> None: ...
 
+@final
 class Prefetcher:
     """One pass over `indices` cut into batches of `lengths`, gathered in order by a Rust
     thread into batch buffers lent with `add_slot`/`release` (the engine of `FastLoadDataset`)."""
 
-    def __init__(self, store: Store, indices: npt.NDArray[np.int64], lengths: Sequence[int]) -> None: ...
+    def __new__(cls, store: Store, indices: npt.NDArray[np.int64], lengths: Sequence[int]) -> Self: ...
     def add_slot(self, images: npt.NDArray[np.uint8], labels: npt.NDArray[np.uint8]) -> int: ...
     def release(self, slot: int) -> None: ...
     def retire(self, slot: int) -> None: ...
@@ -86,12 +113,13 @@ class Prefetcher:
     def next(self) -> Optional[Tuple[int, int, int, bool]]: ...  # (slot, batch, records, waited)
     def close(self) -> None: ...
 
+@final
 class PackDecoder:
     """Decodes and resizes image files into records in parallel (the Rust side of `fastload.pack`)."""
 
-    def __init__(
-        self, height: int, width: int, mode: str, fill: Tuple[int, int, int], workers: Optional[int] = None
-    ) -> None: ...
+    def __new__(
+        cls, height: int, width: int, mode: str, fill: Tuple[int, int, int], workers: Optional[int] = None
+    ) -> Self: ...
     @property
     def num_threads(self) -> int: ...
     def decode_into(
