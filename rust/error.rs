@@ -19,6 +19,8 @@ pub enum FormatError {
     Layout(String),
     #[error("bad metadata: {0}")]
     Meta(String),
+    #[error("changed while open: {0}")]
+    Changed(String),
 }
 
 /// Any failure of the core, with the file it concerns.

@@ -76,8 +76,7 @@ mod tests {
         let path = dir.join("s.bin");
         let mut w = StoreWriter::create(&path, (3, 5, 3), LabelDtype::Int64, false).unwrap();
         for i in 0..n {
-            w.append(&[i as u8; 45], (i as i64).to_le_bytes())
-                .unwrap();
+            w.append(&[i as u8; 45], (i as i64).to_le_bytes()).unwrap();
         }
         w.commit("{}").unwrap();
         Store::open(&path).unwrap()

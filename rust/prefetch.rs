@@ -4,9 +4,10 @@
 //! The caller hands slots over (`add_slot`, `release`) and gets each back, filled, from
 //! `next`; the thread writes only slots the caller has handed over and not yet taken
 //! back. A second thread gives the kernel read-ahead hints (madvise WILLNEED) for the
-//! batch after the one being gathered, once the epoch has had to wait for the disk: the
-//! hint blocks while the kernel queues the reads, so it cannot run on the gather thread,
-//! and on a store already in the page cache it only costs page-cache lookups.
+//! batch after the one being gathered: always for the first two batches, and for every
+//! later one once the process has taken a major page fault (a read from disk) since the
+//! pass began. The hint blocks while the kernel queues the reads, so it cannot run on the
+//! gather thread, and on a store already in the page cache it would only cost lookups.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

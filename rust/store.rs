@@ -128,9 +128,6 @@ impl Store {
             .map_err(|e| Error::format(&self.path, e))?;
         Ok(&self.meta)
     }
-    pub fn identity(&self) -> FileIdentity {
-        self.identity
-    }
 
     /// The shared mapping, for byte views that must outlive this `Store`.
     pub fn mapping(&self) -> Arc<Mmap> {
@@ -237,16 +234,16 @@ impl Store {
         if now.len != self.identity.len {
             return Err(Error::format(
                 &self.path,
-                FormatError::Truncated(format!(
+                FormatError::Changed(format!(
                     "the mapped file changed length from {} to {} bytes while open; {advice}",
                     self.identity.len, now.len
                 )),
             ));
         }
         if now.mtime_ns != self.identity.mtime_ns {
-            return Err(Error::io(
+            return Err(Error::format(
                 &self.path,
-                std::io::Error::other(format!(
+                FormatError::Changed(format!(
                     "the mapped file was modified in place while open; {advice}"
                 )),
             ));

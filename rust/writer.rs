@@ -296,12 +296,6 @@ impl StoreWriter {
     pub fn image_len(&self) -> usize {
         self.image_len
     }
-    pub fn label_dtype(&self) -> LabelDtype {
-        self.label_dtype
-    }
-    pub fn dest(&self) -> &Path {
-        &self.dest
-    }
 
     fn out(&mut self) -> Result<&mut BufWriter<File>> {
         self.out

@@ -115,10 +115,10 @@ ROWS = [
     ("will_need([9])", lambda f: f.opened().will_need([9]), IndexError, "out of range"),
     ("will_need(['a'])", lambda f: f.opened().will_need(["a"]), TypeError, "integers"),
     # a closed store
-    ("closed store.gather", lambda f: f.closed().gather([0]), StoreError, "closed"),
-    ("closed store.images", lambda f: f.closed().images, StoreError, "closed"),
-    ("closed store[0]", lambda f: f.closed()[0], StoreError, "closed"),
-    ("closed store.verify()", lambda f: f.closed().verify(), StoreError, "closed"),
+    ("closed store.gather", lambda f: f.closed().gather([0]), ValueError, "closed"),
+    ("closed store.images", lambda f: f.closed().images, ValueError, "closed"),
+    ("closed store[0]", lambda f: f.closed()[0], ValueError, "closed"),
+    ("closed store.verify()", lambda f: f.closed().verify(), ValueError, "closed"),
     # StoreWriter(path, shape, label_dtype, meta)
     ("StoreWriter(None, ...)", lambda f: StoreWriter(None, (2, 2, 3)), TypeError, "str or os.PathLike"),
     ("StoreWriter('', ...)", lambda f: StoreWriter("", (2, 2, 3)), ValueError, "not a file path"),

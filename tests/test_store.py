@@ -94,7 +94,7 @@ def test_views_outlive_close_and_the_store(store_path):
     labels = s.labels
     s.close()
     assert s.closed
-    with pytest.raises(StoreError, match="closed"):
+    with pytest.raises(ValueError, match="closed"):
         s.gather([0])
     del s
     gc.collect()

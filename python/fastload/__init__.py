@@ -2,6 +2,18 @@
 
 Pack a folder of images once into a uint8 store, memory-map it, and feed training
 loops with batches gathered by Rust threads at memory bandwidth.
+
+Errors follow one rule, and every message names the file or the argument concerned:
+
+- a problem with a file (missing, unreadable, not a store, damaged, changed while open)
+  is `StoreError`; an existing destination is `FileExistsError`;
+- a wrong argument is `ValueError` or `TypeError` (an index out of range `IndexError`),
+  and so is using a store, writer or prefetcher after it was closed, committed or
+  discarded, as with Python's own files;
+- an allocation too large for the machine is `MemoryError`.
+
+The `fastload` command turns each of them into a message and exit status 1 (2 for a bad
+command line).
 """
 
 from fastload._core import StoreError, __version__

@@ -390,9 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(default crop,flip,jitter)",
     )
     p.add_argument("-o", "--output", required=True, metavar="PNG", help="where to write the grid")
-    p.add_argument("--size", type=_positive_int, help="output side of each tile (default: the store's)")
-    p.add_argument("--records", type=_positive_int, default=4, help="rows (default 4)")
-    p.add_argument("--epochs", type=_positive_int, default=8, help="columns (default 8)")
+    p.add_argument("--size", type=_parse_positive_int, help="output side of each tile (default: the store's)")
+    p.add_argument("--records", type=_parse_positive_int, default=4, help="rows (default 4)")
+    p.add_argument("--epochs", type=_parse_positive_int, default=8, help="columns (default 8)")
     p.add_argument("--seed", type=int, default=0, help="augmentation seed (default 0)")
     p.set_defaults(run=_cmd_augment_preview)
     return parser

@@ -258,7 +258,11 @@ def _read_csv_bytes(csv_path: Path) -> bytes:
             raise ValueError(f"{csv_path}: not a regular file (the labels must be a CSV file)")
         if st.st_size > MAX_LABELS_CSV_BYTES:
             raise ValueError(f"{csv_path}: {st.st_size / 2**20:,.0f} MiB, {limit}")
-        data = f.read(MAX_LABELS_CSV_BYTES + 1)
+        # Read the size it has (a read of the whole limit would allocate 128 MiB for any CSV);
+        # one that grew since fstat is read on, up to the limit.
+        data = f.read(st.st_size + 1)
+        if len(data) > st.st_size:
+            data += f.read(MAX_LABELS_CSV_BYTES + 1 - len(data))
     if len(data) > MAX_LABELS_CSV_BYTES:
         raise ValueError(f"{csv_path}: grew while read, {limit}")
     return data

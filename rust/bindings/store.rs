@@ -40,13 +40,17 @@ impl CoreStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| StoreError::new_err(format!("{}: the store is closed", self.path)))
+            .ok_or_else(|| PyValueError::new_err(format!("{}: the store is closed", self.path)))
     }
 }
 
 /// A read-only 1-D uint8 array over `range` of the store's mapping, owned by a `Mapping`.
 /// (A NumPy array rather than the buffer protocol, which the abi3-py39 API lacks.)
-fn view<'py>(py: Python<'py>, store: &Store, range: std::ops::Range<usize>) -> PyResult<Bound<'py, PyArray1<u8>>> {
+fn view<'py>(
+    py: Python<'py>,
+    store: &Store,
+    range: std::ops::Range<usize>,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
     let map = store.mapping();
     // SAFETY: `range` lies inside the mapping (the store validated its layout), and the
     // array's base owns an Arc of the mapping, so the memory outlives the array. The array
