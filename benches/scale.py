@@ -60,6 +60,8 @@ def run_child(argv: list) -> dict:
             raise SystemExit(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{err.read()[-3000:]}")
         return {
             "seconds": round(seconds, 3),
+            # CPU seconds of the child and its threads: what the step costs, whatever else runs.
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
             "max_rss_mb": round(usage.ru_maxrss / 1024, 1),
             "stdout": out.read(),
         }
@@ -148,12 +150,13 @@ import numpy as np
 from fastload import FastLoadDataset
 path, order, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ds = FastLoadDataset(path, batch, order=order, pin_memory=False)
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 seen = 0
 for images, labels in ds:
     seen += len(labels)
 seconds = time.perf_counter() - started
-print(json.dumps({"records": seen, "epoch_seconds": round(seconds, 3), "img_per_s": round(seen / seconds)}))
+print(json.dumps({"records": seen, "epoch_seconds": round(seconds, 3), "epoch_cpu_seconds": round(time.process_time() - cpu, 3),
+                  "img_per_s": round(seen / seconds)}))
 """
 
 DDP = """
@@ -161,7 +164,7 @@ import json, sys, time
 import numpy as np
 from fastload import FastLoadDataset
 path, world, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 shares, batches = [], set()
 for rank in range(world):
     ds = FastLoadDataset(path, batch, order="block", rank=rank, world_size=world, return_indices=True,
@@ -176,7 +179,7 @@ assert len(batches) == 1, f"ranks yield different numbers of batches: {batches}"
 assert len(covered) == count and covered[0] == 0 and covered[-1] == count - 1, "ranks miss records"
 assert len(together) - count < world, f"{len(together) - count} padding records"
 print(json.dumps({"ranks": world, "batches_per_rank": batches.pop(), "padding": int(len(together) - count),
-                  "epoch_seconds": round(seconds, 3)}))
+                  "epoch_seconds": round(seconds, 3), "epoch_cpu_seconds": round(time.process_time() - cpu, 3)}))
 """
 
 # tracemalloc peak of each step that touches every record (compared across counts below).
@@ -272,7 +275,11 @@ def small_part(work: Path, counts: list, steps: int, batch: int, repeats: int) -
         for step, figures in row.items():
             if isinstance(figures, dict) and "seconds" in figures and not step.startswith("trace"):
                 base = startup["cli" if step in CLI_STEPS else "torch"]["seconds"]
+                base_cpu = startup["cli" if step in CLI_STEPS else "torch"]["cpu_seconds"]
                 figures["net_seconds"] = round(figures.get("epoch_seconds", figures["seconds"] - base), 3)
+                figures["net_cpu_seconds"] = round(
+                    figures.get("epoch_cpu_seconds", figures["cpu_seconds"] - base_cpu), 3
+                )
         per_count[count] = row
         print(
             f"{count:,} records: "
@@ -283,10 +290,13 @@ def small_part(work: Path, counts: list, steps: int, batch: int, repeats: int) -
     ratios = {}
     for step, figures in per_count[high].items():
         if isinstance(figures, dict) and "net_seconds" in figures:
-            below = per_count[low][step]["net_seconds"]
+            below, below_cpu = per_count[low][step]["net_seconds"], per_count[low][step]["net_cpu_seconds"]
             ratios[step] = {
                 # Under 50 ms a ratio is noise: the step is a fixed cost there.
                 "net_seconds": round(figures["net_seconds"] / below, 2) if below >= 0.05 else None,
+                "net_cpu_seconds": round(figures["net_cpu_seconds"] / below_cpu, 2)
+                if below_cpu >= 0.05
+                else None,
                 "max_rss": round(figures["max_rss_mb"] / per_count[low][step]["max_rss_mb"], 2),
             }
     # Python heap that each further record costs: arrays of int64 cost 8 bytes per array alive
