@@ -351,7 +351,8 @@ path, mode, limit, seconds_cap, batch = sys.argv[1], sys.argv[2], int(sys.argv[3
 _core.evict(path)
 store = Store(path)
 resident, size = store.resident_bytes()
-assert resident < 0.01 * size, f"not cold: {resident / size:.1%} cached after eviction"
+# Opening reads the header, metadata and label sections (and the kernel reads ahead of them).
+assert resident < max(0.01 * size, 16 << 20), f"not cold: {resident / size:.1%} cached after eviction"
 samples, last_sample = [], 0.0
 def sample(now):
     global last_sample
