@@ -186,7 +186,7 @@ print(json.dumps({"ranks": world, "batches_per_rank": batches.pop(), "padding": 
 TRACE = """
 import json, sys, tracemalloc
 import numpy as np
-from fastload import FastLoadDataset, Store, store as store_mod
+from fastload import FastLoadDataset, Store, inspect as inspect_mod
 from fastload.dataset.plan import epoch_order
 path = sys.argv[1]
 peaks = {}
@@ -204,8 +204,8 @@ traced("plan_block", lambda: ds._plan.batches(ds._plan.pad(epoch_order(ds.indice
 traced("plan_random", lambda: ds._plan.batches(ds._plan.pad(epoch_order(ds.indices, "random", 0, 0, 1, 1)),
        range(len(ds))))
 traced("first_batch", lambda: next(iter(ds)))
-traced("info", lambda: store_mod.info(path))
-traced("verify", lambda: store_mod.verify(path))
+traced("info", lambda: inspect_mod.info(path))
+traced("verify", lambda: inspect_mod.verify(path))
 print(json.dumps({"tracemalloc_peak_bytes": peaks}))
 """
 
@@ -389,7 +389,7 @@ print(json.dumps({"mode": mode, "bytes": done, "seconds": round(seconds, 2), "gb
 def large_part(
     work: Path, gb: float, limit_gb: float, random_gb: float, seconds_cap: float, batch: int
 ) -> dict:
-    from fastload.store import machine_memory
+    from fastload.inspect import machine_memory
 
     free = shutil.disk_usage(work).free
     if gb is None:
@@ -422,7 +422,7 @@ def large_part(
 
 
 def machine() -> dict:
-    from fastload.store import machine_memory
+    from fastload.inspect import machine_memory
 
     return {
         "platform": platform.platform(),

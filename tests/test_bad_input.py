@@ -13,8 +13,8 @@ import torch
 
 from fastload import Store, StoreError, StoreWriter
 from fastload.dataset import FastLoadDataset, split_indices, to_device
+from fastload.inspect import info, verify
 from fastload.pack import pack
-from fastload.store import info, verify
 
 AS_ROOT = os.geteuid() == 0
 
@@ -155,7 +155,7 @@ ROWS = [
     ("extend([], [])", lambda f: f.writer().extend([], []), TypeError, "uint8"),
     ("commit() twice", lambda f: [w.commit() for w in [f.writer()] * 2], ValueError, "already committed"),
     ("append after commit", lambda f: [w.commit() and w.append(IMG, 1) for w in [f.writer()]], ValueError, "already committed"),
-    # fastload.store.info / verify
+    # fastload.inspect.info / verify
     ("info(missing path)", lambda f: info(f.missing), StoreError, "No such file"),
     ("info(None)", lambda f: info(None), TypeError, "str or os.PathLike"),
     ("verify(directory)", lambda f: verify(f.dir), StoreError, "not a regular file"),

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image, ImageOps
 
 import fastload
+import fastload.inspect
 from fastload.cli import main as cli_main
 from fastload.pack import BadFilesError
 
@@ -230,7 +231,7 @@ def test_verify_names_the_source_of_a_damaged_record(tmp_path):
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
-    assert fastload.store.verify(path) == [(1, "c/b.png")]
+    assert fastload.inspect.verify(path) == [(1, "c/b.png")]
 
 
 def test_repacking_gives_identical_sections(tmp_path):

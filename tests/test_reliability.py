@@ -20,8 +20,8 @@ import torch
 
 from fastload import Store, StoreError, StoreWriter
 from fastload.dataset import FastLoadDataset
-from fastload.store import info as info_store
-from fastload.store import verify as verify_store
+from fastload.inspect import info as info_store
+from fastload.inspect import verify as verify_store
 
 HEADER = 4096
 SHAPE = (5, 7, 3)  # 105 bytes: records padded to a 128-byte stride

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastload
+import fastload.inspect
 from fastload import Store, StoreError, StoreWriter
 
 
@@ -306,10 +307,10 @@ def test_fork_safe_gather_in_dataloader_workers(store_path):
 
 def test_info_and_memory_plan(store_path):
     path, _ = store_path
-    summary = fastload.store.info(path)
+    summary = fastload.inspect.info(path)
     assert summary["records"] == 20 and summary["shape"] == [6, 5, 3]
     assert summary["labels"]["max"] == 19 * 1.5
     assert 0 <= summary["resident_bytes"] <= summary["file_bytes"] == os.path.getsize(path)
-    plan = fastload.store.memory_plan(250_000, (384, 384, 3), ram_bytes=192 * 10**9)
+    plan = fastload.inspect.memory_plan(250_000, (384, 384, 3), ram_bytes=192 * 10**9)
     assert plan["uint8_bytes"] == 110_594_000_000
     assert plan["fit_in_ram_float32"] == 192 * 10**9 // (384 * 384 * 12 + 8)

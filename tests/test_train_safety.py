@@ -22,8 +22,9 @@ from test_train import FAST, SIDE, _images_and_labels
 import fastload.train as train_mod
 import fastload.train.config as train_config
 from fastload import cli
-from fastload import store as store_mod
-from fastload.store import Store, StoreWriter, machine_memory
+from fastload import inspect as inspect_mod
+from fastload.inspect import machine_memory
+from fastload.store import Store, StoreWriter
 from fastload.train import fit
 
 store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
@@ -262,7 +263,7 @@ def test_a_model_diverged_without_an_error_stops_before_evaluation(store_path, m
 
 
 def test_cli_answers_memory_error_with_a_message(store_path, monkeypatch, capsys):
-    monkeypatch.setattr(store_mod, "info", lambda path: np.empty(2**62, np.uint8))
+    monkeypatch.setattr(inspect_mod, "info", lambda path: np.empty(2**62, np.uint8))
     status, err, out = _cli(["info", os.fspath(store_path)], capsys)
     assert status == 1 and err.startswith("fastload info: error: out of memory: Unable to allocate")
     monkeypatch.setattr(train_mod, "fit", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))

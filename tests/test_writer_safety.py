@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fastload import Store, StoreError, StoreWriter, _core
-from fastload.store import verify
+from fastload.inspect import verify
 
 SHAPE = (4, 4, 3)
 

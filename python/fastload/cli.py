@@ -11,14 +11,14 @@ import os
 import sys
 from typing import List, Optional
 
-from fastload import StoreError, __version__, _core
+from fastload import StoreError, __version__, _core, inspect
 from fastload import store as store_mod
 from fastload.options import AMP_MODES, BACKBONES, MAX_LABELS_CSV_BYTES, RESIZE_MODES, SCHEDULES
 from fastload.progress import gigabytes as _gb
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    summary = store_mod.info(args.store)
+    summary = inspect.info(args.store)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -45,7 +45,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    damaged = store_mod.verify(args.store, limit=args.limit)
+    damaged = inspect.verify(args.store, limit=args.limit)
     for index, source in damaged:
         print(f"damaged record {index}" + (f" ({source})" if source else ""))
     if damaged.total > len(damaged):

@@ -10,16 +10,7 @@ import torch
 
 from fastload import _core
 from fastload._core import __version__
-from fastload.store import machine_memory
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, e.g. under taskset or a container)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
+from fastload.inspect import machine_memory, usable_cores
 
 
 def describe_machine() -> dict:

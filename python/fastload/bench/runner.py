@@ -32,8 +32,9 @@ from fastload.bench.stages import (
     bench_memcpy,
     bench_to_device,
 )
+from fastload.inspect import machine_memory, memory_plan
 from fastload.progress import Progress
-from fastload.store import PathLike, Store, StoreWriter, _fspath, machine_memory, memory_plan
+from fastload.store import PathLike, Store, StoreWriter, _fspath
 
 NOISY_SPREAD_PCT = 20.0
 SYNTHETIC_SHAPE = (224, 224, 3)

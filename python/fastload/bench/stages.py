@@ -9,10 +9,10 @@ from typing import Callable, List, Tuple
 import numpy as np
 import torch
 
-from fastload.bench.machine import usable_cores
 from fastload.bench.measure import Context, Figure, Skip
 from fastload.dataset import FastLoadDataset
 from fastload.device import to_device
+from fastload.inspect import usable_cores
 from fastload.store import Store
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastload.bench.machine import usable_cores
+from fastload.inspect import machine_memory, usable_cores
 from fastload.options import AMP_MODES, SCHEDULES
-from fastload.store import PathLike, Store, _fspath, _is_int, machine_memory
+from fastload.store import PathLike, Store, _fspath, _is_int
 from fastload.train.checkpoint import check_checkpoint_path
 
 # Bounds on the options, so a slip (--threads 100000, --workers 500, --size 100000) is refused

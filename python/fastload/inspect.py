@@ -1,0 +1,94 @@
+"""What a store and this machine hold: the summary behind `fastload info`, the damaged
+records behind `fastload verify`, and the memory plan (uint8 records against cached
+float32 tensors, against this machine's RAM and cores)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store
+
+__all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def machine_memory() -> int:
+    """Total RAM of this machine in bytes (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def memory_plan(count: int, shape: Sequence[int], ram_bytes: Optional[int] = None) -> dict:
+    """What `count` images of `shape` cost as uint8 records and as cached float32 tensors,
+    and how many of each fit in `ram_bytes` (this machine's RAM by default)."""
+    ram = machine_memory() if ram_bytes is None else ram_bytes
+    per_image = int(np.prod(shape))
+    uint8_bytes = count * (per_image + 8)
+    float32_bytes = count * (per_image * 4 + 8)
+    return {
+        "images": count,
+        "shape": list(shape),
+        "uint8_bytes": uint8_bytes,
+        "float32_bytes": float32_bytes,
+        "ram_bytes": ram,
+        "fit_in_ram_uint8": ram // (per_image + 8),
+        "fit_in_ram_float32": ram // (per_image * 4 + 8),
+    }
+
+
+def _meta_list(store: Store, key: str) -> Optional[list]:
+    """A list from the metadata, or None when it is missing or not a list (a hand-written store)."""
+    value = store.meta.get(key)
+    return value if isinstance(value, list) else None
+
+
+def info(path: PathLike) -> dict:
+    """A summary of a store: size, shape, label statistics, page-cache residency and memory plan."""
+    with Store(path) as store:
+        labels = np.asarray(store.labels)
+        if store.label_dtype == np.int64:
+            values, counts = np.unique(labels, return_counts=True)
+            names = _meta_list(store, "class_names")
+            stats = {
+                "classes": {
+                    (str(names[v]) if names and 0 <= v < len(names) else str(v)): int(c)
+                    for v, c in zip(values.tolist(), counts.tolist())
+                }
+            }
+        elif len(labels):
+            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
+        else:
+            stats = {}
+        resident, size = store.resident_bytes()
+        return {
+            "path": str(store.path),
+            "records": len(store),
+            "shape": list(store.shape),
+            "label_dtype": str(store.label_dtype),
+            "labels": stats,
+            "file_bytes": size,
+            "resident_bytes": resident,
+            "memory": memory_plan(len(store), store.shape),
+            "meta": {k: v for k, v in store.meta.items() if k not in ("sources", "skipped")},
+        }
+
+
+def verify(path: PathLike, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecords:
+    """Damaged records of a store: (index, source file name or None) of the first `limit`
+    (None: all), with `.total` counting every damaged record."""
+    with Store(path) as store:
+        damaged = store.verify(limit)
+        sources = _meta_list(store, "sources") if damaged else None
+        named = [(i, sources[i] if sources and i < len(sources) else None) for i in damaged]
+        return DamagedRecords(named, damaged.total)
