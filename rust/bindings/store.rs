@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::{to_py, StoreError};
+use super::to_py;
 use crate::gather::{gather, resolve_indices};
 use crate::store::Store;
 
