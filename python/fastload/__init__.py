@@ -4,12 +4,16 @@ Pack a folder of images once into a uint8 store, memory-map it, and feed trainin
 loops with batches gathered by Rust threads at memory bandwidth.
 """
 
-from fastload._core import StoreError
-from fastload._core import __version__
+from fastload._core import StoreError, __version__
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 
-_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "device", "split_indices": "dataset"}
+_TORCH_EXPORTS = {
+    "FastLoadDataset": "dataset",
+    "to_device": "device",
+    "split_indices": "dataset",
+    "fit_many": "train",
+}
 
 
 def __getattr__(name):
@@ -21,4 +25,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 
-__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices"]
+__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices", "fit_many"]

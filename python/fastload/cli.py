@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check every record of a store against its checksum")
     p.add_argument("store")
     p.add_argument(
-        "--limit", type=_positive_int, default=store_mod.VERIFY_LIMIT, help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})"
+        "--limit", type=_parse_positive_int, default=store_mod.VERIFY_LIMIT, help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})"
     )
     p.set_defaults(run=_cmd_verify)
 

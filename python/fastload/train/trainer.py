@@ -20,7 +20,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -53,6 +53,14 @@ class FitResult:
     device: str
     config: dict  # how to rebuild the model (build_model) and prepare its images (prepare_images)
     val_indices: np.ndarray  # the validation records (of the validation store when one was given)
+    name: Optional[str] = None  # the run's name in a fit_many group
+    stopped: Optional[str] = None  # why the run stopped before its last epoch: divergence or patience
+    state_bytes: int = 0  # parameters, gradients and optimizer state the run holds
+
+
+class Diverged(ValueError):
+    """A model's parameters are no longer finite: its run stops (fit raises it; fit_many stops
+    only that run and reports it)."""
 
 
 @contextlib.contextmanager
@@ -76,20 +84,17 @@ class Trainer:
     optimizer, schedule, precision, checkpoint) and ``data`` (the statistics it is built from),
     resumed from ``saved`` when given. The loop (:func:`train`) hands it device batches."""
 
-    def __init__(self, config: TrainConfig, data: TrainingData, steps_per_epoch: int, saved: Optional[dict]):
-        self.options, self.data, self.device = config, data, config.torch_device
+    def __init__(
+        self,
+        config: TrainConfig,
+        data: TrainingData,
+        steps_per_epoch: int,
+        saved: Optional[dict],
+        name: Optional[str] = None,
+    ):
+        self.options, self.data, self.device, self.name = config, data, config.torch_device, name
         backbone = config.backbone
-        # What rebuilds the model (build_model) and prepares its images: FitResult.config, and
-        # what a checkpoint must match to be resumed.
-        self.config = {
-            "backbone": backbone if isinstance(backbone, str) else "custom",
-            "num_features": config.num_features,
-            "lattice_size": config.lattice_size,
-            **data.statistics,
-            "size": config.size,
-            "seed": config.seed,
-            "batch_size": config.batch_size,
-        }
+        self.config = self.model_config(config, data)
         if saved is not None and saved["config"] != self.config:
             differing = sorted(k for k in self.config if saved["config"].get(k) != self.config[k])
             raise ValueError(
@@ -106,6 +111,9 @@ class Trainer:
         self.total_steps = config.epochs * steps_per_epoch
         self.epoch, self.step, self.history, self.partial = 0, 0, [], None
         self.rate = config.lr
+        self.stopped: Optional[str] = None  # why the run stopped early
+        self.diverged: Optional[Diverged] = None
+        self.state_bytes = model_state_bytes(self.model)
         if saved is not None:
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -113,11 +121,55 @@ class Trainer:
             self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
             self.history = list(saved["history"])
             set_rng_state(saved["rng"])
+        if self.epoch < config.epochs:
+            self.stopped = self._patience_stop()
+
+    @staticmethod
+    def model_config(config: TrainConfig, data: TrainingData) -> dict:
+        """What rebuilds the model (build_model) and prepares its images: FitResult.config, and
+        what a checkpoint must match to be resumed."""
+        backbone = config.backbone
+        return {
+            "backbone": backbone if isinstance(backbone, str) else "custom",
+            "num_features": config.num_features,
+            "lattice_size": config.lattice_size,
+            **data.statistics,
+            "size": config.size,
+            "seed": config.seed,
+            "data_seed": config.data_seed,
+            "batch_size": config.batch_size,
+        }
 
     @property
     def done(self) -> bool:
         """Whether ``max_steps`` steps have been taken."""
         return self.options.max_steps is not None and self.step >= self.options.max_steps
+
+    @property
+    def running(self) -> bool:
+        return self.stopped is None and not self.done
+
+    def _patience_stop(self) -> Optional[str]:
+        """Why ``patience`` stops the run after its history (read from the history alone, so a
+        resumed run stops where the straight one would), or None."""
+        patience = self.options.patience
+        if patience is None or not self.history:
+            return None
+        rmses = [m["val_rmse"] for m in self.history]
+        since_best = len(rmses) - 1 - rmses.index(min(rmses))
+        if since_best < patience:
+            return None
+        return f"no better validation RMSE for {since_best} epochs (patience {patience})"
+
+    def stop(self, why: str) -> None:
+        """Stops this run only, reporting why to its log when it is one of a fit_many group
+        (a lone run reports it in its result, or raises :class:`Diverged`)."""
+        self.stopped = why
+        if self.options.log is not None and self.name is not None:
+            self.options.log({**self._label(), "step": self.step, "stopped": why})
+
+    def _label(self) -> dict:
+        return {} if self.name is None else {"run": self.name}
 
     def start_epoch(self, epoch: int) -> Tuple[EpochMeter, Optional[dict]]:
         """The meter of ``epoch`` and, when it resumes a stopped epoch, the dataset position to
@@ -157,7 +209,7 @@ class Trainer:
             check_finite_parameters(self.model)
         except ValueError as exc:
             step = self.step if step is None else step
-            raise ValueError(f"step {step} (learning rate {self.rate:g}): {exc}") from None
+            raise Diverged(f"step {step} (learning rate {self.rate:g}): {exc}") from None
 
     def checkpoint_due(self) -> bool:
         every = self.options.checkpoint_every
@@ -188,29 +240,17 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def evaluate(self, batches: Batches) -> Tuple[float, float]:
-        """(MAE, RMSE) of the model over ``batches``, in eval mode."""
-        self.check_finite()
-        was_training = self.model.training
-        self.model.eval()
-        abs_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        sq_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = 0
-        try:
-            for x, y, m in batches:
-                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                    pred = self.model(x, m)
-                err = pred.double() - y.double()
-                abs_sum += err.abs().sum()
-                sq_sum += err.square().sum()
-                count += len(y)
-        finally:
-            self.model.train(was_training)
-        return abs_sum.item() / count, math.sqrt(sq_sum.item() / count)
+    def errors(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor]) -> torch.Tensor:
+        """(sum of absolute errors, sum of squared errors) of the model on one batch, float64."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            pred = self.model(x, m)
+        err = pred.double() - y.double()
+        return torch.stack([err.abs().sum(), err.square().sum()])
 
     def end_epoch(self, epoch: int, meter: EpochMeter, seconds: float, val_mae: float, val_rmse: float) -> dict:
         """Records (and logs) the metrics of a finished epoch."""
         metrics = {
+            **self._label(),
             "epoch": epoch + 1,
             "epochs": self.options.epochs,
             "step": self.step,
@@ -227,6 +267,9 @@ class Trainer:
         self.history.append(metrics)
         if self.options.log is not None:
             self.options.log(metrics)
+        patience = self._patience_stop()
+        if patience is not None and epoch + 1 < self.options.epochs:
+            self.stop(patience)
         return metrics
 
     def result(self, completed: bool) -> FitResult:
@@ -239,38 +282,107 @@ class Trainer:
             str(self.device),
             self.config,
             self.data.val_indices,
+            self.name,
+            self.stopped,
+            self.state_bytes,
         )
 
 
 def train(stream: DataStream, trainer: Trainer) -> FitResult:
-    """Trains ``trainer``'s model on ``stream`` for the epochs its config asks (from where a
-    resumed checkpoint stopped), saving at each checkpoint and epoch end."""
-    options, device = trainer.options, stream.device
-    if trainer.done:
-        return trainer.result(completed=False)
-    trainer.model.train()
-    for epoch in range(trainer.epoch, options.epochs):
+    """Trains ``trainer``'s model on ``stream`` (:func:`train_many` with one trainer); a model
+    that diverges raises :class:`Diverged`."""
+    (result,) = train_many(stream, [trainer])
+    if trainer.diverged is not None:
+        raise trainer.diverged
+    return result
+
+
+def train_many(stream: DataStream, trainers: Sequence[Trainer]) -> List[FitResult]:
+    """Trains every trainer on the same batches of ``stream``, for the epochs their (shared)
+    options ask, from where their checkpoints stopped (all at the same dataset position).
+
+    Each device batch is fetched once and every running trainer takes its step on it, one after
+    the other on the current device stream (the host queues the kernels of one model after
+    another; the models do not wait for each other's results). A trainer that diverges or runs
+    out of ``patience`` stops alone; the others go on."""
+    options, device = trainers[0].options, stream.device
+    for t in trainers:
+        t.model.train()
+    for epoch in range(trainers[0].epoch, options.epochs):
+        running = [t for t in trainers if t.running]
+        if not running:
+            break
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the epoch's peak, not the process's
-        meter, position = trainer.start_epoch(epoch)
+        started = [t.start_epoch(epoch) for t in running]
+        meters = [meter for meter, _ in started]
+        position = started[0][1]
+        steps = meters[0].steps
         bar = Progress(options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2)
-        figures = functools.partial(_progress_figures, meter)
-        for x, y, m in stream.train_epoch(epoch, [meter], position):
-            trainer.train_step(x, y, m, meter)
-            bar.update(meter.steps, figures)
-            if trainer.checkpoint_due():
-                trainer.save(epoch, stream.position(epoch, meter), meter)
-            if trainer.done:
-                bar.close()
-                return trainer.result(completed=False)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = meter.elapsed()
-        bar.update(meter.steps, figures, force=True)
+        figures = functools.partial(_progress_figures, meters[0])
+        for x, y, m in stream.train_epoch(epoch, meters, position):
+            steps += 1
+            for t, meter in zip(running, meters):
+                if not t.running:
+                    continue
+                _guarded(t, t.train_step, x, y, m, meter)
+                if t.stopped is None and t.checkpoint_due():
+                    _guarded(t, t.save, epoch, stream.position(epoch, steps), meter)
+            bar.update(steps, figures)
+            if not any(t.running for t in running):
+                break
+        else:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            bar.update(steps, figures, force=True)
+            bar.close()
+            _end_epoch(stream, epoch, [(t, meter) for t, meter in zip(running, meters) if t.running])
+            continue
         bar.close()
-        trainer.end_epoch(epoch, meter, seconds, *trainer.evaluate(stream.validation()))
-        trainer.save(epoch + 1)
-    return trainer.result(completed=True)
+    return [t.result(completed=t.epoch == options.epochs) for t in trainers]
+
+
+def _guarded(trainer: Trainer, action, *args) -> None:
+    """Runs ``action`` of ``trainer``; a divergence stops that trainer only."""
+    try:
+        action(*args)
+    except Diverged as exc:
+        trainer.diverged = exc
+        trainer.stop(f"diverged: {exc}")
+
+
+def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, EpochMeter]]) -> None:
+    """Validates every trainer that finished ``epoch`` on one pass over the validation batches,
+    records its metrics and saves it."""
+    seconds = {id(t): meter.elapsed() for t, meter in finished}
+    for t, _ in finished:
+        _guarded(t, t.check_finite)
+    evaluated = [(t, meter) for t, meter in finished if t.stopped is None]
+    sums = [torch.zeros(2, dtype=torch.float64, device=stream.device) for _ in evaluated]
+    count = 0
+    for t, _ in evaluated:
+        t.model.eval()
+    try:
+        for x, y, m in stream.validation():
+            for total, (t, _) in zip(sums, evaluated):
+                total += t.errors(x, y, m)
+            count += len(y)
+    finally:
+        for t, _ in evaluated:
+            t.model.train()
+    for total, (t, meter) in zip(sums, evaluated):
+        abs_sum, sq_sum = total.tolist()
+        t.epoch = epoch + 1
+        t.end_epoch(epoch, meter, seconds[id(t)], abs_sum / count, math.sqrt(sq_sum / count))
+        _guarded(t, t.save, epoch + 1)
+
+
+def model_state_bytes(model: nn.Module) -> int:
+    """Bytes a model's training holds beside its activations: its parameters and buffers, a
+    gradient per parameter and AdamW's two moments per parameter."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return 4 * params + buffers
 
 
 def _progress_figures(meter: EpochMeter) -> str:

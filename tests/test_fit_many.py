@@ -1,0 +1,113 @@
+"""`fastload.fit_many` and `fastload train --runs`: several models trained on one stream of
+batches, each ending exactly where it would alone; one run stopping without the others."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import cli
+from fastload.store import StoreWriter
+from fastload.train import config as train_config
+from fastload.train import fit
+from fastload.train import trainer as train_mod
+
+COUNT, SIDE = 40, 8
+SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("many") / "bright.fastload"
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (COUNT, SIDE, SIDE, 3), dtype=np.uint8)
+    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
+        writer.extend(images, images.reshape(COUNT, -1).mean(1) / 255.0)
+    return path
+
+
+def _assert_same_parameters(a, b):
+    a, b = a.state_dict(), b.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+RUNS = [
+    dict(name="slow", lr=1e-3, seed=0),
+    dict(name="fast", lr=3e-2, seed=1, schedule="constant", weight_decay=0.01),
+    dict(name="small-lattice", lr=3e-3, seed=2, lattice_size=2, num_features=4),
+]
+
+
+def test_each_run_ends_where_it_would_alone(store_path):
+    logged = []
+    results = fastload.fit_many(store_path, RUNS, seed=5, log=logged.append, **SHARED)
+    assert [r.name for r in results] == ["slow", "fast", "small-lattice"]
+    for run, result in zip(RUNS, results):
+        options = {k: v for k, v in run.items() if k != "name"}
+        alone = fit(store_path, data_seed=5, **options, **SHARED)
+        _assert_same_parameters(result.model, alone.model)
+        assert result.completed and result.stopped is None and result.steps == alone.steps
+        assert [m["val_rmse"] for m in result.history] == [m["val_rmse"] for m in alone.history]
+        assert result.state_bytes > 0
+    assert [(m["run"], m["epoch"]) for m in logged] == [(n, e) for e in (1, 2) for n in ("slow", "fast", "small-lattice")]
+    # The group's order of batches follows data_seed, not the runs' model seeds.
+    other_order = fit(store_path, seed=1, **{k: v for k, v in RUNS[1].items() if k not in ("name", "seed")}, **SHARED)
+    assert not torch.equal(next(other_order.model.parameters()), next(results[1].model.parameters()))
+
+
+def test_a_diverging_run_stops_alone(store_path, monkeypatch):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    logged = []
+    runs = [dict(name="good", lr=3e-3), dict(name="bad", lr=1e30)]
+    good, bad = fastload.fit_many(store_path, runs, log=logged.append, **SHARED)
+    assert good.completed and good.stopped is None and len(good.history) == 2
+    assert not bad.completed and bad.stopped.startswith("diverged: step ") and "non-finite" in bad.stopped
+    assert bad.history == []
+    assert [m for m in logged if "stopped" in m] == [{"run": "bad", "step": bad.steps, "stopped": bad.stopped}]
+    _assert_same_parameters(good.model, fit(store_path, lr=3e-3, **SHARED).model)
+
+
+def test_patience_stops_a_run_that_stops_improving(store_path, monkeypatch):
+    # The run "flat" is made to score the same validation errors every epoch.
+    errors = train_mod.Trainer.errors
+
+    def flat_errors(self, x, y, m):
+        return torch.ones(2, dtype=torch.float64) if self.name == "flat" else errors(self, x, y, m)
+
+    monkeypatch.setattr(train_mod.Trainer, "errors", flat_errors)
+    logged = []
+    runs = [dict(name="flat"), dict(name="moving")]
+    flat, moving = fastload.fit_many(store_path, runs, patience=2, log=logged.append, **{**SHARED, "epochs": 5})
+    assert flat.stopped == "no better validation RMSE for 2 epochs (patience 2)" and not flat.completed
+    assert len(flat.history) == 3 and flat.steps == 3 * 5
+    assert moving.completed and len(moving.history) == 5
+    assert {"run": "flat", "step": 15, "stopped": flat.stopped} in logged
+
+
+@pytest.mark.parametrize(
+    "runs, shared, message",
+    [
+        ([], {}, "runs is empty"),
+        ([dict(lr=0)], {}, "run run0: lr must be above 0"),
+        ([dict(name="a", batch_size=4)], {}, "run a: batch_size cannot differ between runs"),
+        ([dict(name="a"), dict(name="a")], {}, "run name 'a' must be unique"),
+        ([dict(name="../x")], {}, "run name '../x'"),
+        ([dict(backbone="vgg")], {}, "run run0: backbone must be one of"),
+        ([dict()], {"checkpoint": "/nonexistent/folder"}, "must be an existing folder"),
+    ],
+)
+def test_bad_runs_are_refused_before_training(store_path, runs, shared, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        fastload.fit_many(store_path, runs, **{**SHARED, **shared})
+
+
+def test_runs_that_cannot_fit_in_memory_are_refused(store_path, monkeypatch):
+    monkeypatch.setattr("fastload.train.machine_memory", lambda: 1000)
+    with pytest.raises(ValueError, match=r"2 runs need [\d.]+ MB for parameters and optimizer state .* than the 0\.0 MB"):
+        fastload.fit_many(store_path, [dict(), dict()], **SHARED)
