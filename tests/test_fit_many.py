@@ -111,3 +111,66 @@ def test_runs_that_cannot_fit_in_memory_are_refused(store_path, monkeypatch):
     monkeypatch.setattr("fastload.train.machine_memory", lambda: 1000)
     with pytest.raises(ValueError, match=r"2 runs need [\d.]+ MB for parameters and optimizer state .* than the 0\.0 MB"):
         fastload.fit_many(store_path, [dict(), dict()], **SHARED)
+
+
+CLI_SHARED = ["--epochs", "2", "--batch-size", "8", "--device", "cpu", "--threads", "1"]
+
+
+def test_cli_runs_print_a_line_per_run_and_epoch_and_a_sorted_table(store_path, tmp_path, capsys):
+    argv = ["train", str(store_path), "--runs", "3", "--lr", "1e-3,3e-2,1e-2", "--seed", "0,1,2"]
+    assert cli.main(argv + CLI_SHARED + ["--checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    epochs = [line for line in out if " epoch " in line]
+    assert [line.split()[:3] for line in epochs] == [
+        [f"run{i}", "epoch", f"{e}/2"] for e in (1, 2) for i in range(3)
+    ]
+    table = out[len(epochs):]
+    assert table[0].split()[:2] == ["run", "options"] and len(table) == 4
+    rmses = [float(row.split()[4]) for row in table[1:]]
+    assert rmses == sorted(rmses) and all(row.split()[-1] == "done" for row in table[1:])
+    assert {row.split()[1] for row in table[1:]} == {"lr=0.001", "lr=0.03", "lr=0.01"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run0.ckpt", "run1.ckpt", "run2.ckpt"]
+
+
+def test_cli_runs_json_gives_one_line_per_run_per_epoch(store_path, capsys):
+    argv = ["train", str(store_path), "--runs", "2", "--lattice-size", "2,3", "--json"]
+    assert cli.main(argv + CLI_SHARED) == 0
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert [(m["run"], m["epoch"]) for m in lines] == [("run0", 1), ("run1", 1), ("run0", 2), ("run1", 2)]
+    assert "val RMSE" in captured.err  # the table goes to stderr, leaving stdout JSON only
+
+
+def test_cli_runs_file_names_the_runs(store_path, tmp_path, capsys):
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps([{"name": "a", "lr": 0.001}, {"name": "b", "seed": 3, "schedule": "constant"}]))
+    assert cli.main(["train", str(store_path), "--runs-file", str(runs)] + CLI_SHARED) == 0
+    table = capsys.readouterr().out.splitlines()[-2:]
+    assert sorted(row.split()[0] for row in table) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--runs", "3", "--lr", "1e-3,3e-3"], "--lr gives 2 values for --runs 3: give 1 or 3"),
+        (["--seed", "0,1"], "--seed gives 2 values for one run"),
+        (["--runs", "2", "--schedule", "cosine,linear"], "must be one of cosine, constant, not 'linear'"),
+        (["--runs", "2", "--lr", "1e-3,0"], "must be above 0"),
+    ],
+)
+def test_cli_per_run_lists_of_the_wrong_length_are_usage_errors(store_path, flags, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", str(store_path)] + flags + CLI_SHARED)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("{not json", "not JSON"), ('{"lr": 1}', "expected a non-empty JSON list of objects"), ('[{"epochs": 3}]', "epochs cannot differ")],
+)
+def test_cli_bad_runs_file_exits_1_naming_it(store_path, tmp_path, content, message, capsys):
+    runs = tmp_path / "runs.json"
+    runs.write_text(content)
+    assert cli.main(["train", str(store_path), "--runs-file", str(runs)] + CLI_SHARED) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -79,6 +79,7 @@ class TrainConfig:
                 f"backbone must be one of {', '.join(BACKBONES)} or a torch module, not {self.backbone!r}"
             )
         bounded = ("epochs", "batch_size", "max_steps", "patience", "checkpoint_every", "threads", "workers", "size")
+        bounded += ("num_features", "lattice_size")
         for name in bounded + ("lr", "weight_decay", "val_fraction"):
             value = getattr(self, name)
             if name == "val_fraction" and self.val is not None:
@@ -119,6 +120,8 @@ def _integer_bounds() -> dict:
         "batch_size": (1, None, ""),
         "max_steps": (1, None, ""),
         "patience": (1, None, ""),
+        "num_features": (1, None, ""),
+        "lattice_size": (2, None, ""),
         "checkpoint_every": (1, None, ""),
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
