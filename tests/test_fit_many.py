@@ -61,6 +61,27 @@ def test_each_run_ends_where_it_would_alone(store_path):
     assert not torch.equal(next(other_order.model.parameters()), next(results[1].model.parameters()))
 
 
+@pytest.mark.parametrize("stop_after", [7, 5])  # in the middle of epoch 2; after epoch 1's last batch
+def test_runs_stopped_together_resume_together_exactly(store_path, tmp_path, stop_after):
+    runs = RUNS[:2]
+    straight = fastload.fit_many(store_path, runs, **SHARED)
+    stopped = fastload.fit_many(store_path, runs, checkpoint=tmp_path, max_steps=stop_after, **SHARED)
+    assert [r.steps for r in stopped] == [stop_after] * 2 and not any(r.completed for r in stopped)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fast.ckpt", "slow.ckpt"]
+    resumed = fastload.fit_many(store_path, runs, resume=tmp_path, checkpoint=tmp_path, **SHARED)
+    for a, b in zip(straight, resumed):
+        assert b.completed and b.steps == a.steps
+        _assert_same_parameters(a.model, b.model)
+        assert [m["val_rmse"] for m in a.history] == [m["val_rmse"] for m in b.history]
+
+
+def test_resume_refuses_runs_stopped_at_different_places(store_path, tmp_path):
+    fastload.fit_many(store_path, RUNS[:1], checkpoint=tmp_path, max_steps=3, **SHARED)
+    fastload.fit_many(store_path, RUNS[1:2], checkpoint=tmp_path, max_steps=4, **SHARED)
+    with pytest.raises(ValueError, match=r"checkpoints stopped at different places \(slow: step 3, fast: step 4\)"):
+        fastload.fit_many(store_path, RUNS[:2], resume=tmp_path, **SHARED)
+
+
 def test_a_diverging_run_stops_alone(store_path, monkeypatch):
     monkeypatch.setattr(train_config, "MAX_LR", 1e31)
     logged = []

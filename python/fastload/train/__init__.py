@@ -120,7 +120,12 @@ def fit_many(store: Union[Store, PathLike], runs: Sequence[Mapping], **shared) -
     saved = [load_checkpoint(c.resume) if c.resume is not None else None for c in configs]
     positions = {(s["epoch"], s["step"], str(s["partial"] and s["partial"]["dataset"])) for s in saved if s}
     if len(positions) > 1 or (positions and None in saved):
-        raise ValueError(f"resume {folders['resume']}: the runs' checkpoints stopped at different places")
+        steps = ["no checkpoint" if s is None else f"step {s['step']}" for s in saved]
+        where = ", ".join(f"{name}: {step}" for name, step in zip(names, steps))
+        raise ValueError(
+            f"resume {folders['resume']}: the runs' checkpoints stopped at different places ({where}); "
+            "resume the runs that stopped together"
+        )
     data = open_data(configs[0], saved[0])
     with torch_settings(base):
         stream = DataStream(base, data)
