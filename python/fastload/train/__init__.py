@@ -84,7 +84,8 @@ def fit_many(store: Union[Store, PathLike], runs: Sequence[Mapping], **shared) -
     run ends exactly where ``fit(store, **shared, **run, data_seed=...)`` alone would.
 
     Runs step one after the other on each device batch, on one CUDA stream (the models are
-    small: one Python thread queues their kernels in turn). The models draw no random numbers
+    small: one Python thread queues their kernels in turn); runs of one architecture are not
+    stacked into one vmapped model yet (docs/ARCHITECTURE.md says what that needs). The models draw no random numbers
     after their initialisation, so a run's training does not depend on the others. A run whose
     parameters stop being finite, or whose validation RMSE has not improved for ``patience``
     epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
