@@ -132,10 +132,6 @@ def _train_option(name: str, parse=int):
     return convert
 
 
-# `fastload train` flags that may differ between the runs of --runs: fit_many's per-run options.
-RUN_FLAGS = ("lr", "seed", "schedule", "weight_decay", "backbone", "num_features", "lattice_size")
-
-
 def _train_values(name: str, parse=int, choices=None):
     """An argparse type for a per-run train option: one value or a comma list (one per run of
     --runs), each checked as :func:`_train_option` does or against ``choices``."""
@@ -164,7 +160,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     train.check_outputs({"--checkpoint": args.checkpoint}, inputs)
     read = {**inputs, "--checkpoint": args.checkpoint, "--resume checkpoint": args.resume}
     train.check_outputs({"--json-log": args.json_log}, read)
-    per_run = {name: getattr(args, name) for name in RUN_FLAGS if getattr(args, name) is not None}
+    flags = [name for name in train.RUN_OPTIONS if name != "name"]  # the flags --runs takes lists for
+    per_run = {name: getattr(args, name) for name in flags if getattr(args, name) is not None}
     many = args.runs is not None or args.runs_file is not None
     count = args.runs or 1
     for name, values in per_run.items():

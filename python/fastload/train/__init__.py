@@ -138,11 +138,14 @@ def fit_many(store: Union[Store, PathLike], runs: Sequence[Mapping], **shared) -
 def _check_state_memory(configs: Sequence[TrainConfig], data, device: torch.device) -> None:
     """Refuses runs whose parameters and optimizer state exceed the device's memory (CUDA) or
     this machine's RAM (CPU), counted on CPU copies of their models before any is placed."""
-    needed = []
+    by_architecture, needed = {}, []
     for config in configs:
-        with torch.random.fork_rng(devices=[]):
-            model = build_model(Trainer.model_config(config, data), config.backbone)
-        needed.append(model_state_bytes(model))
+        architecture = (config.backbone, config.num_features, config.lattice_size)
+        if architecture not in by_architecture:
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(Trainer.model_config(config, data), config.backbone)
+            by_architecture[architecture] = model_state_bytes(model)
+        needed.append(by_architecture[architecture])
     if device.type == "cuda":
         available, where = torch.cuda.mem_get_info(device)[0], f"free on {device}"
     else:
