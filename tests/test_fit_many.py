@@ -195,3 +195,13 @@ def test_cli_bad_runs_file_exits_1_naming_it(store_path, tmp_path, content, mess
     assert cli.main(["train", str(store_path), "--runs-file", str(runs)] + CLI_SHARED) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_cli_reports_a_diverged_run_and_exits_0_while_another_finished(store_path, monkeypatch, capsys):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "3e-3,1e30"] + CLI_SHARED) == 0
+    captured = capsys.readouterr()
+    assert "run1  stopped at step" in captured.out and "diverged: step" in captured.out
+    assert captured.out.splitlines()[-1].split()[0] == "run1" and captured.out.splitlines()[-1].endswith("diverged")
+    assert "fastload train: run run1 stopped after" in captured.err
+    assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "1e30"] + CLI_SHARED) == 1
