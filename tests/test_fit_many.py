@@ -154,7 +154,7 @@ def test_cli_runs_print_a_line_per_run_and_epoch_and_a_sorted_table(store_path, 
 
 
 def test_cli_runs_json_gives_one_line_per_run_per_epoch(store_path, capsys):
-    argv = ["train", str(store_path), "--runs", "2", "--lattice-size", "2,3", "--json"]
+    argv = ["train", str(store_path), "--runs", "2", "--lr", "1e-3,1e-2", "--stack", "--json"]
     assert cli.main(argv + CLI_SHARED) == 0
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
@@ -205,3 +205,49 @@ def test_cli_reports_a_diverged_run_and_exits_0_while_another_finished(store_pat
     assert captured.out.splitlines()[-1].split()[0] == "run1" and captured.out.splitlines()[-1].endswith("diverged")
     assert "fastload train: run run1 stopped after" in captured.err
     assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "1e30"] + CLI_SHARED) == 1
+
+
+# Stacked runs agree with the runs alone within float rounding, not bitwise: vmapped kernels
+# may sum in another order, and two epochs of AdamW carry the differences on.
+STACK_TOLERANCE = dict(rtol=1e-3, atol=1e-4)
+
+
+def _assert_close_parameters(a, b):
+    a, b = a.state_dict(), b.state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name].double(), b[name].double(), **STACK_TOLERANCE, msg=name)
+
+
+def test_stacked_runs_end_close_to_the_runs_alone(store_path, monkeypatch):
+    stacked_steps = []
+    step = train_mod.StackedStep.step
+
+    def counted_step(self, *args):
+        stacked_steps.append([t.name for t in self.trainers])
+        step(self, *args)
+
+    monkeypatch.setattr(train_mod.StackedStep, "step", counted_step)
+    runs = RUNS[:2] + [dict(name="third", lr=1e-2, seed=3)] + RUNS[2:]  # three of one architecture
+    results = fastload.fit_many(store_path, runs, stack=True, **SHARED)
+    assert stacked_steps == [["slow", "fast", "third"]] * 10  # small-lattice steps alone
+    for run, result in zip(runs, results):
+        alone = fit(store_path, data_seed=0, **{k: v for k, v in run.items() if k != "name"}, **SHARED)
+        _assert_close_parameters(result.model, alone.model)
+        assert result.completed and result.steps == alone.steps
+        np.testing.assert_allclose(
+            [m["val_rmse"] for m in result.history], [m["val_rmse"] for m in alone.history], rtol=1e-3
+        )
+    # The stacked models hold their own storage afterwards, not slices of one stack.
+    first = [p.untyped_storage().data_ptr() for p in results[0].model.parameters()]
+    second = [p.untyped_storage().data_ptr() for p in results[1].model.parameters()]
+    assert not set(first) & set(second)
+
+
+def test_a_diverging_run_leaves_its_stack(store_path, monkeypatch):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    runs = [dict(name="good", lr=3e-3), dict(name="bad", lr=1e30), dict(name="also-good", lr=1e-2, seed=1)]
+    good, bad, also = fastload.fit_many(store_path, runs, stack=True, **SHARED)
+    assert bad.stopped.startswith("diverged: step ") and not bad.completed
+    assert good.completed and also.completed
+    _assert_close_parameters(good.model, fit(store_path, lr=3e-3, **SHARED).model)
+    _assert_close_parameters(also.model, fit(store_path, lr=1e-2, seed=1, data_seed=0, **SHARED).model)

@@ -199,7 +199,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             varying = {name: values for name, values in per_run.items() if len(values) > 1}
             runs = [{name: values[i] for name, values in varying.items()} for i in range(count)]
         options["data_seed"] = args.data_seed if args.data_seed is not None else shared.get("seed", 0)
-        results = train.fit_many(args.store, runs, **options)
+        results = train.fit_many(args.store, runs, stack=args.stack, **options)
         print(_runs_table(results, runs), file=sys.stderr if args.json else sys.stdout)
     for result in results:
         who = f"run {result.name} " if result.name is not None else ""
@@ -387,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs.add_argument(
         "--runs-file", metavar="JSON", help="the runs as a JSON list of objects (keys: name and the per-run options)"
+    )
+    p.add_argument(
+        "--stack",
+        action="store_true",
+        help="with --runs: runs of one architecture take their forward and backward passes as one "
+        "vmapped model (one kernel launch for all; equal to the runs alone within float rounding)",
     )
     p.add_argument(
         "--data-seed",

@@ -72,7 +72,9 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
 
 
 
-def fit_many(store: Union[Store, PathLike], runs: Sequence[Mapping], **shared) -> List[FitResult]:
+def fit_many(
+    store: Union[Store, PathLike], runs: Sequence[Mapping], *, stack: bool = False, **shared
+) -> List[FitResult]:
     """Trains several models at once on one stream of batches: each batch is gathered once and
     moved to the device once (as uint8), and every run takes its step on it. Returns one
     :class:`FitResult` per run, in order.
@@ -84,8 +86,12 @@ def fit_many(store: Union[Store, PathLike], runs: Sequence[Mapping], **shared) -
     run ends exactly where ``fit(store, **shared, **run, data_seed=...)`` alone would.
 
     Runs step one after the other on each device batch, on one CUDA stream (the models are
-    small: one Python thread queues their kernels in turn); runs of one architecture are not
-    stacked into one vmapped model yet (docs/ARCHITECTURE.md says what that needs). The models draw no random numbers
+    small: one Python thread queues their kernels in turn), each ending bitwise where it would
+    alone. With ``stack``, runs that share an architecture (same named backbone, num_features and
+    lattice_size, amp off: ``trainer.stack_key``) take their forward and backward passes as one
+    vmapped model, so one kernel launch serves them all; each keeps its own AdamW step. Stacked
+    runs agree with the runs alone within float rounding (vmapped kernels may sum in another
+    order), not bitwise, which is why stacking is asked for rather than the default. The models draw no random numbers
     after their initialisation, so a run's training does not depend on the others. A run whose
     parameters stop being finite, or whose validation RMSE has not improved for ``patience``
     epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
@@ -132,7 +138,7 @@ def fit_many(store: Union[Store, PathLike], runs: Sequence[Mapping], **shared) -
         stream = DataStream(base, data)
         _check_state_memory(configs, data, base.torch_device)
         trainers = [Trainer(c, data, stream.steps_per_epoch, s, n) for c, s, n in zip(configs, saved, names)]
-        return train_many(stream, trainers)
+        return train_many(stream, trainers, stack)
 
 
 def _check_state_memory(configs: Sequence[TrainConfig], data, device: torch.device) -> None:

@@ -17,7 +17,9 @@ evaluated or saved, so a diverged model never overwrites a good checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
 
 from fastload.monotonic import MonotonicRegressor, check_finite_parameters
 from fastload.options import BACKBONES
@@ -180,24 +183,29 @@ class Trainer:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor], meter: EpochMeter) -> None:
         """One optimizer step on a device batch, at the schedule's learning rate."""
-        o = self.options
-        self.rate = learning_rate(o.schedule, o.lr, self.step, self.total_steps)
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 pred = self.model(x, m)
             loss = F.mse_loss(pred.float(), y)
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.rate
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            self.apply_gradients(loss, len(y), meter)
         except (IndexError, RuntimeError):
             # A NaN weight makes the lattice look up a cell at index -2**63.
             self.check_finite(self.step + 1)
             raise
-        meter.loss_sum += loss.detach().double() * len(y)
-        meter.samples += len(y)
+
+    def apply_gradients(self, loss: torch.Tensor, count: int, meter: EpochMeter) -> None:
+        """The optimizer step on the gradients in the parameters' ``.grad``, at the schedule's
+        learning rate, and the step's figures in ``meter``."""
+        o = self.options
+        self.rate = learning_rate(o.schedule, o.lr, self.step, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rate
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        meter.loss_sum += loss.detach().double() * count
+        meter.samples += count
         meter.steps += 1
         self.step += 1
 
@@ -227,7 +235,7 @@ class Trainer:
                 "format": CHECKPOINT_FORMAT,
                 "config": self.config,
                 "stores": self.data.stores,
-                "model": self.model.state_dict(),
+                "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
                 "epoch": epoch,
@@ -297,17 +305,20 @@ def train(stream: DataStream, trainer: Trainer) -> FitResult:
     return result
 
 
-def train_many(stream: DataStream, trainers: Sequence[Trainer]) -> List[FitResult]:
+def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = False) -> List[FitResult]:
     """Trains every trainer on the same batches of ``stream``, for the epochs their (shared)
     options ask, from where their checkpoints stopped (all at the same dataset position).
 
     Each device batch is fetched once and every running trainer takes its step on it, one after
     the other on the current device stream (the host queues the kernels of one model after
     another; the models do not wait for each other's results). A trainer that diverges or runs
-    out of ``patience`` stops alone; the others go on."""
+    out of ``patience`` stops alone; the others go on. With ``stack``, the trainers whose models
+    share an architecture (:func:`stack_key`) take their forward and backward pass together as
+    one vmapped model (:class:`StackedStep`), then each its own optimizer step."""
     options, device = trainers[0].options, stream.device
     for t in trainers:
         t.model.train()
+    units = _step_units(trainers, stack)
     for epoch in range(trainers[0].epoch, options.epochs):
         running = [t for t in trainers if t.running]
         if not running:
@@ -320,14 +331,18 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer]) -> List[FitResul
         steps = meters[0].steps
         bar = Progress(options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2)
         figures = functools.partial(_progress_figures, meters[0])
+        meter_of = {id(t): meter for t, meter in zip(running, meters)}
         for x, y, m in stream.train_epoch(epoch, meters, position):
             steps += 1
-            for t, meter in zip(running, meters):
-                if not t.running:
-                    continue
-                _guarded(t, t.train_step, x, y, m, meter)
+            stepping = [t for t in running if t.running]
+            for unit in units:
+                if isinstance(unit, StackedStep):
+                    unit.step(x, y, m, meter_of)
+                elif unit.running:
+                    _guarded(unit, unit.train_step, x, y, m, meter_of[id(unit)])
+            for t in stepping:
                 if t.stopped is None and t.checkpoint_due():
-                    _guarded(t, t.save, epoch, stream.position(epoch, steps), meter)
+                    _guarded(t, t.save, epoch, stream.position(epoch, steps), meter_of[id(t)])
             bar.update(steps, figures)
             if not any(t.running for t in running):
                 break
@@ -339,7 +354,98 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer]) -> List[FitResul
             _end_epoch(stream, epoch, [(t, meter) for t, meter in zip(running, meters) if t.running])
             continue
         bar.close()
+    for unit in units:
+        if isinstance(unit, StackedStep):
+            unit.unstack()
     return [t.result(completed=t.epoch == options.epochs) for t in trainers]
+
+
+def stack_key(trainer: Trainer) -> Optional[tuple]:
+    """What trainers must share to be stacked (None: never stacked): a named backbone, its
+    width, the lattice, full precision. Learning rates, schedules, weight decays and seeds may
+    differ: each trainer keeps its own optimizer."""
+    o = trainer.options
+    if not isinstance(o.backbone, str) or o.amp != "off":
+        return None
+    return (o.backbone, o.num_features, o.lattice_size)
+
+
+def _step_units(trainers: Sequence[Trainer], stack: bool) -> list:
+    """The trainers as they step: alone, or (with ``stack``) stacked by architecture where two
+    or more share one."""
+    if not stack:
+        return list(trainers)
+    groups: dict = {}
+    for t in trainers:
+        key = stack_key(t)
+        groups.setdefault(id(t) if key is None else key, []).append(t)
+    return [StackedStep(group) if len(group) > 1 else group[0] for group in groups.values()]
+
+
+class StackedStep:
+    """The forward and backward passes of trainers whose models share an architecture, as one
+    model vmapped over runs (``torch.func``): each parameter and buffer of the runs is one
+    stacked tensor, and each run's model holds views of its slice, so its optimizer, checkpoint
+    and evaluation work unchanged. Gradients agree with the models' own within float rounding
+    (vmapped kernels may sum in another order), not bitwise."""
+
+    def __init__(self, trainers: List[Trainer]):
+        self.trainers: List[Trainer] = []
+        self._stack(trainers)
+
+    def _stack(self, trainers: List[Trainer]) -> None:
+        self.unstack()
+        self.trainers = list(trainers)
+        models = [t.model for t in trainers]
+        self.params = _stack_into(models, "named_parameters")
+        self.buffers = _stack_into(models, "named_buffers")
+        self.base = copy.deepcopy(models[0]).to("meta")  # the module structure functional_call runs
+
+    def unstack(self) -> None:
+        """Gives each model its own storage again."""
+        for t in self.trainers:
+            for tensor in itertools.chain(t.model.parameters(), t.model.buffers()):
+                tensor.data = tensor.data.clone()
+
+    def _loss(self, params: dict, buffers: dict, x, y, m) -> torch.Tensor:
+        return F.mse_loss(functional_call(self.base, (params, buffers), (x, m)).float(), y)
+
+    def step(self, x, y, m, meter_of: dict) -> None:
+        """One step of every running trainer of the stack. A failure (a diverged model's
+        lattice lookup) stops the trainers whose parameters are no longer finite, and the
+        others take the step again without them."""
+        while True:
+            members = [t for t in self.trainers if t.running]
+            if not members:
+                return
+            if members != self.trainers:
+                self._stack(members)
+            try:
+                grads, losses = vmap(grad_and_value(self._loss), in_dims=(0, 0, None, None, None))(
+                    self.params, self.buffers, x, y, m
+                )
+            except (IndexError, RuntimeError):
+                for t in members:
+                    _guarded(t, t.check_finite, t.step + 1)
+                if all(t.running for t in members):
+                    raise
+                continue
+            break
+        for i, t in enumerate(members):
+            for name, p in t.model.named_parameters():
+                p.grad = grads[name][i]
+            t.apply_gradients(losses[i], len(y), meter_of[id(t)])
+
+
+def _stack_into(models: List[nn.Module], which: str) -> dict:
+    """name -> one tensor stacking ``which`` (named_parameters or named_buffers) of ``models``;
+    each model's tensor becomes a view of its slice."""
+    named = [dict(getattr(model, which)()) for model in models]
+    stacked = {name: torch.stack([n[name].detach() for n in named]) for name in named[0]}
+    for i, n in enumerate(named):
+        for name, tensor in n.items():
+            tensor.data = stacked[name][i]
+    return stacked
 
 
 def _guarded(trainer: Trainer, action, *args) -> None:
