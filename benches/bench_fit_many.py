@@ -1,7 +1,7 @@
 """Benchmark of `fastload.fit_many`: N small-cnn runs trained at once on one stream of batches,
 against what a user does today, on the same store (records of SIDExSIDEx3, float labels):
 
-- fit_many: one process, `fastload.fit_many(store, N runs)`;
+- fit_many: one process, `fastload train --runs N` (`fastload.fit_many`); with `--stack` too;
 - separate: N `fastload train` processes started at once (each gathers, moves and trains alone);
 - one after another: N `fastload train` processes, each started when the previous one ended.
 
@@ -64,8 +64,9 @@ def _measure(mode: str, n: int, common: list) -> tuple:
     """(wall seconds, peak RSS bytes) of one mode with n runs."""
     seeds = ",".join(str(i) for i in range(n))
     started = time.perf_counter()
-    if mode == "fit_many":
-        rss = _finish(_start(common + ["--runs", str(n), "--seed", seeds]))
+    if mode.startswith("fit_many"):
+        stack = ["--stack"] if mode == "fit_many --stack" else []
+        rss = _finish(_start(common + ["--runs", str(n), "--seed", seeds] + stack))
     elif mode == "separate":
         procs = [_start(common + ["--seed", str(i)]) for i in range(n)]
         rss = sum(_finish(p) for p in procs)
@@ -98,23 +99,25 @@ def main() -> None:
         for n in [int(c) for c in args.counts.split(",")]:
             model_images = n * train_images * args.epochs
             results = {}
-            for mode in ("fit_many", "separate", "one after another"):
+            for mode in ("fit_many", "fit_many --stack", "separate", "one after another"):
                 runs = [_measure(mode, n, common) for _ in range(args.repeats)]
                 wall = statistics.median(r[0] for r in runs)
                 rss = statistics.median(r[1] for r in runs)
-                copies = 1 if mode == "fit_many" else n  # times each batch is gathered and moved
+                copies = 1 if mode.startswith("fit_many") else n  # times each batch is gathered and moved
                 per_model_image = copies * steps * args.batch_size * image_bytes / model_images
                 results[mode] = model_images / wall
                 rows.append((n, mode, model_images / wall, per_model_image, rss / 2**20))
-            rows.append((n, "ratio", results["fit_many"] / results["separate"], results["fit_many"] / results["one after another"], None))
+            for mode in ("fit_many", "fit_many --stack"):
+                by_separate = results[mode] / results["separate"]
+                rows.append((n, f"{mode}: / separate, / one after another", by_separate, results[mode] / results["one after another"], None))
 
     print(f"store {args.records} records of {args.side}x{args.side}x3, {args.epochs} epochs, batch {args.batch_size}, "
           f"device {args.device}, {args.threads} thread(s) per process, median of {args.repeats}")
     print("| N | mode | model-images/s | bytes gathered = bytes moved per model-image | peak RSS MiB |")
     print("|---|---|---:|---:|---:|")
     for n, mode, rate, per_image, rss in rows:
-        if mode == "ratio":
-            print(f"| {n} | fit_many / separate, / one after another | {rate:.2f}x | {per_image:.2f}x | |")
+        if rss is None:
+            print(f"| {n} | {mode} | {rate:.2f}x | {per_image:.2f}x | |")
         else:
             print(f"| {n} | {mode} | {rate:,.0f} | {per_image:,.0f} | {rss:,.0f} |")
 
