@@ -420,11 +420,14 @@ class StackedStep:
                 return
             if members != self.trainers:
                 self._stack(members)
+            before = {name: b.clone() for name, b in self.buffers.items()}  # BatchNorm updates them
             try:
                 grads, losses = vmap(grad_and_value(self._loss), in_dims=(0, 0, None, None, None))(
                     self.params, self.buffers, x, y, m
                 )
             except (IndexError, RuntimeError):
+                for name, b in before.items():
+                    self.buffers[name].copy_(b)
                 for t in members:
                     _guarded(t, t.check_finite, t.step + 1)
                 if all(t.running for t in members):
