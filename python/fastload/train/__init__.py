@@ -71,7 +71,6 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
         return train(stream, Trainer(config, data, stream.steps_per_epoch, saved))
 
 
-
 def fit_many(
     store: Union[Store, PathLike], runs: Sequence[Mapping], *, stack: bool = False, **shared
 ) -> List[FitResult]:
@@ -91,8 +90,9 @@ def fit_many(
     lattice_size, amp off: ``trainer.stack_key``) take their forward and backward passes as one
     vmapped model, so one kernel launch serves them all; each keeps its own AdamW step. Stacked
     runs agree with the runs alone within float rounding (vmapped kernels may sum in another
-    order), not bitwise, which is why stacking is asked for rather than the default. The models draw no random numbers
-    after their initialisation, so a run's training does not depend on the others. A run whose
+    order), not bitwise, which is why stacking is asked for rather than the default. The models
+    draw no random numbers after their initialisation, so a run's training does not depend on
+    the others. A run whose
     parameters stop being finite, or whose validation RMSE has not improved for ``patience``
     epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
     is a folder: one checkpoint ``<name>.ckpt`` per run; ``resume`` is such a folder, every run's
@@ -136,12 +136,12 @@ def fit_many(
     data = open_data(configs[0], saved[0])
     with torch_settings(base):
         stream = DataStream(base, data)
-        _check_state_memory(configs, data, base.torch_device)
+        _check_state_memory(configs, names, data, base.torch_device)
         trainers = [Trainer(c, data, stream.steps_per_epoch, s, n) for c, s, n in zip(configs, saved, names)]
         return train_many(stream, trainers, stack)
 
 
-def _check_state_memory(configs: Sequence[TrainConfig], data, device: torch.device) -> None:
+def _check_state_memory(configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device) -> None:
     """Refuses runs whose parameters and optimizer state exceed the device's memory (CUDA) or
     this machine's RAM (CPU), counted on CPU copies of their models before any is placed."""
     by_architecture, needed = {}, []
@@ -157,7 +157,7 @@ def _check_state_memory(configs: Sequence[TrainConfig], data, device: torch.devi
     else:
         available, where = machine_memory(), "of RAM on this machine"
     if available and sum(needed) > available:
-        each = ", ".join(f"{c.backbone if isinstance(c.backbone, str) else 'custom'} {b / 1e6:,.1f} MB" for c, b in zip(configs, needed))
+        each = ", ".join(f"{name} {b / 1e6:,.1f} MB" for name, b in zip(names, needed))
         raise ValueError(
             f"{len(configs)} runs need {sum(needed) / 1e6:,.1f} MB for parameters and optimizer state "
             f"({each}), more than the {available / 1e6:,.1f} MB {where}; train fewer runs at once"
