@@ -20,7 +20,13 @@ from fastload._core import StoreError, __version__
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 
-_TORCH_EXPORTS = {"FastLoadDataset": "dataset", "to_device": "device", "split_indices": "dataset", "Augment": "augment"}
+_TORCH_EXPORTS = {
+    "FastLoadDataset": "dataset",
+    "to_device": "device",
+    "split_indices": "dataset",
+    "Augment": "augment",
+    "fit_many": "train",
+}
 
 
 def __getattr__(name):
@@ -32,4 +38,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 
-__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices", "Augment"]
+__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices", "Augment", "fit_many"]

@@ -133,6 +133,22 @@ def _train_option(name: str, parse=int):
     return convert
 
 
+def _train_values(name: str, parse=int, choices=None):
+    """An argparse type for a per-run train option: one value or a comma list (one per run of
+    --runs), each checked as :func:`_train_option` does or against ``choices``."""
+    one = _train_option(name, parse) if choices is None and name != "seed" else parse
+
+    def convert(text: str) -> list:
+        values = [one(part.strip()) for part in text.split(",")]
+        for value in values:
+            if choices is not None and value not in choices:
+                raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, not {value!r}")
+        return values
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from fastload import train
 
@@ -145,33 +161,94 @@ def _cmd_train(args: argparse.Namespace) -> int:
     train.check_outputs({"--checkpoint": args.checkpoint}, inputs)
     read = {**inputs, "--checkpoint": args.checkpoint, "--resume checkpoint": args.resume}
     train.check_outputs({"--json-log": args.json_log}, read)
-    result = train.fit(
-        args.store,
+    flags = [name for name in train.RUN_OPTIONS if name != "name"]  # the flags --runs takes lists for
+    per_run = {name: getattr(args, name) for name in flags if getattr(args, name) is not None}
+    many = args.runs is not None or args.runs_file is not None
+    count = args.runs or 1
+    for name, values in per_run.items():
+        if len(values) not in (1, count) or (args.runs_file is not None and len(values) > 1):
+            flag = "--" + name.replace("_", "-")
+            need = f"--runs {count}: give 1 or {count}" if args.runs else "one run: give 1 (or use --runs)"
+            args.parser.error(f"{flag} gives {len(values)} values for {need}")
+    shared = {name: values[0] for name, values in per_run.items() if len(values) == 1}
+    options = dict(
         val=args.val,
         val_fraction=args.val_fraction,
         epochs=args.epochs,
         batch_size=args.batch_size,
-        lr=args.lr,
-        schedule=args.schedule,
         device=args.device,
         amp=args.amp,
         workers=args.workers,
-        seed=args.seed,
         checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         monotone_inputs=args.monotone_inputs,
         val_monotone_inputs=args.val_monotone_inputs,
-        backbone=args.backbone,
         size=args.size,
         max_steps=args.max_steps,
+        patience=args.patience,
         threads=args.threads,
         log=train.epoch_logger(json_lines=args.json, json_log=args.json_log),
+        **shared,
     )
-    if not result.completed:
-        resume = f"; continue with --resume {args.checkpoint}" if args.checkpoint else ""
-        print(f"fastload train: stopped after {result.steps} steps (--max-steps){resume}", file=sys.stderr)
-    return 0
+    if not many:
+        results = [train.fit(args.store, **options)]
+    else:
+        if args.runs_file is not None:
+            runs = _read_runs_file(args.runs_file)
+        else:
+            varying = {name: values for name, values in per_run.items() if len(values) > 1}
+            runs = [{name: values[i] for name, values in varying.items()} for i in range(count)]
+        options["data_seed"] = args.data_seed if args.data_seed is not None else shared.get("seed", 0)
+        results = train.fit_many(args.store, runs, stack=args.stack, **options)
+        print(_runs_table(results, runs), file=sys.stderr if args.json else sys.stdout)
+    for result in results:
+        who = f"run {result.name} " if result.name is not None else ""
+        if result.stopped is not None:
+            print(f"fastload train: {who}stopped after {result.steps} steps: {result.stopped}", file=sys.stderr)
+        elif not result.completed:
+            resume = f"; continue with --resume {args.checkpoint}" if args.checkpoint else ""
+            print(f"fastload train: {who}stopped after {result.steps} steps (--max-steps){resume}", file=sys.stderr)
+    diverged = [r for r in results if r.stopped is not None and r.stopped.startswith("diverged")]
+    return 1 if len(diverged) == len(results) else 0
+
+
+def _read_runs_file(path: str) -> list:
+    """The runs of a --runs-file: a JSON list of objects, one per run (fit_many's per-run keys)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            runs = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--runs-file {path}: not JSON ({exc})") from None
+    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
+        raise ValueError(f"--runs-file {path}: expected a non-empty JSON list of objects, one per run")
+    return runs
+
+
+def _runs_table(results: list, runs: list) -> str:
+    """The runs side by side, best last-epoch validation RMSE first (runs without one last), with
+    the memory each holds for its parameters and optimizer state."""
+    rows = []
+    for result, run in zip(results, runs):
+        last = result.history[-1] if result.history else None
+        status = "done" if result.completed else (result.stopped or "max-steps").split(":")[0]
+        rows.append(
+            (
+                last["val_rmse"] if last else float("inf"),
+                result.name,
+                " ".join(f"{k}={v}" for k, v in run.items() if k != "name") or "-",
+                f"{last['val_mae']:.4g}" if last else "-",
+                f"{last['val_rmse']:.4g}" if last else "-",
+                str(result.steps),
+                f"{result.state_bytes / 1e6:.2f}",
+                status,
+            )
+        )
+    rows.sort(key=lambda row: row[0])
+    header = ("run", "options", "val MAE", "val RMSE", "steps", "state MB", "status")
+    cells = [header] + [row[1:] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -312,12 +389,53 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.1,
         help="share of STORE held out (default 0.1)",
     )
+    runs = p.add_mutually_exclusive_group()
+    runs.add_argument(
+        "--runs",
+        type=_parse_positive_int,
+        metavar="N",
+        help="train N models at once on one stream of batches; per-run flags (--lr, --seed, --schedule, "
+        "--weight-decay, --backbone, --num-features, --lattice-size) then take comma lists of N values "
+        "(one value applies to every run); --checkpoint and --resume are folders (one file per run)",
+    )
+    runs.add_argument(
+        "--runs-file", metavar="JSON", help="the runs as a JSON list of objects (keys: name and the per-run options)"
+    )
+    p.add_argument(
+        "--stack",
+        action="store_true",
+        help="with --runs: runs of one architecture take their forward and backward passes as one "
+        "vmapped model (one kernel launch for all; equal to the runs alone within float rounding)",
+    )
+    p.add_argument(
+        "--data-seed",
+        type=int,
+        metavar="N",
+        help="with --runs: seed of the split and batch order shared by the runs (default: the first --seed)",
+    )
+    p.add_argument(
+        "--patience",
+        type=_train_option("patience"),
+        metavar="N",
+        help="stop a run after N epochs without a better validation RMSE",
+    )
     p.add_argument("--epochs", type=_train_option("epochs"), default=10, help="default 10")
     p.add_argument("--batch-size", type=_train_option("batch_size"), default=64, help="default 64")
     p.add_argument(
-        "--lr", type=_train_option("lr", float), default=3e-3, help="peak AdamW learning rate (default 3e-3)"
+        "--lr", type=_train_values("lr", float), metavar="LR[,LR...]", help="peak AdamW learning rate (default 3e-3)"
     )
-    p.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="learning-rate schedule")
+    p.add_argument(
+        "--schedule",
+        type=_train_values("schedule", str, SCHEDULES),
+        metavar="|".join(SCHEDULES),
+        help="learning-rate schedule (default cosine)",
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=_train_values("weight_decay", float),
+        metavar="WD[,WD...]",
+        help="AdamW weight decay (default 0)",
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     p.add_argument("--amp", choices=AMP_MODES, default="off", help="mixed precision")
     p.add_argument(
@@ -326,7 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads", type=_train_option("threads"), help="torch CPU threads (default: torch's choice)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=_train_values("seed"),
+        metavar="N[,N...]",
+        help="seed of the model and (alone) of the data (default 0)",
+    )
     p.add_argument("--checkpoint", metavar="PATH", help="save here at every epoch end (atomically)")
     p.add_argument(
         "--checkpoint-every",
@@ -348,7 +471,21 @@ def build_parser() -> argparse.ArgumentParser:
         "predicts less when one of them rises",
     )
     p.add_argument("--val-monotone-inputs", metavar="NPY", help="the same for the --val store")
-    p.add_argument("--backbone", choices=BACKBONES, default="small-cnn", help="(needs torchvision)")
+    p.add_argument(
+        "--backbone",
+        type=_train_values("backbone", str, BACKBONES),
+        metavar="|".join(BACKBONES),
+        help="image feature extractor (default small-cnn; resnet18 needs torchvision)",
+    )
+    p.add_argument(
+        "--num-features", type=_train_values("num_features"), metavar="N[,N...]", help="image features (default 8)"
+    )
+    p.add_argument(
+        "--lattice-size",
+        type=_train_values("lattice_size"),
+        metavar="N[,N...]",
+        help="lattice keypoints per input (default 3)",
+    )
     p.add_argument(
         "--size",
         type=_train_option("size"),
@@ -356,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON line per epoch instead of text")
     p.add_argument("--json-log", metavar="PATH", help="append one JSON line per epoch to PATH")
-    p.set_defaults(run=_cmd_train)
+    p.set_defaults(run=_cmd_train, parser=p)
 
     p = sub.add_parser(
         "demo",

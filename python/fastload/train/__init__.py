@@ -8,14 +8,35 @@ checkpoints tied to their stores), ``report`` (epoch lines and JSON logs).
 
 from __future__ import annotations
 
-from typing import Union
+import dataclasses
+import os
+import re
+from typing import List, Mapping, Sequence, Union
 
+import torch
+
+from fastload.inspect import machine_memory
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import load_checkpoint, store_fingerprint
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
 from fastload.train.report import epoch_logger, format_epoch
-from fastload.train.trainer import FitResult, Trainer, build_model, learning_rate, torch_settings, train
+from fastload.train.trainer import (
+    Diverged,
+    FitResult,
+    Trainer,
+    build_model,
+    learning_rate,
+    model_state_bytes,
+    torch_settings,
+    train,
+    train_many,
+)
+
+# What may differ between the runs of a fit_many group: the model and its optimization. The
+# rest shapes the shared data stream (or is the group's, like epochs and the device).
+RUN_OPTIONS = ("name", "lr", "schedule", "weight_decay", "seed", "backbone", "num_features", "lattice_size")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def fit(store: Union[Store, PathLike], **options) -> FitResult:
@@ -51,6 +72,99 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
         return train(stream, Trainer(config, data, stream.steps_per_epoch, saved))
 
 
+def fit_many(
+    store: Union[Store, PathLike], runs: Sequence[Mapping], *, stack: bool = False, **shared
+) -> List[FitResult]:
+    """Trains several models at once on one stream of batches: each batch is gathered once and
+    moved to the device once (as uint8), and every run takes its step on it. Returns one
+    :class:`FitResult` per run, in order.
+
+    ``runs``: one dict per run, with keys among ``RUN_OPTIONS`` (``seed`` seeds the model's
+    initialisation; ``name`` defaults to ``run<i>``); a run's missing keys take their value from
+    ``shared``, which takes :func:`fit`'s other options, the same for every run. The data (split,
+    normalization, batch order) follows ``data_seed`` (default: the shared ``seed``), so each
+    run ends exactly where ``fit(store, **shared, **run, data_seed=...)`` alone would.
+
+    Runs step one after the other on each device batch, on one CUDA stream (the models are
+    small: one Python thread queues their kernels in turn), each ending bitwise where it would
+    alone. With ``stack``, runs that share an architecture (same named backbone, num_features and
+    lattice_size, amp off: ``trainer.stack_key``) take their forward and backward passes as one
+    vmapped model, so one kernel launch serves them all; each keeps its own AdamW step. Stacked
+    runs agree with the runs alone within float rounding (vmapped kernels may sum in another
+    order), not bitwise, which is why stacking is asked for rather than the default. The models
+    draw no random numbers after their initialisation, so a run's training does not depend on
+    the others. A run whose
+    parameters stop being finite, or whose validation RMSE has not improved for ``patience``
+    epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
+    is a folder: one checkpoint ``<name>.ckpt`` per run; ``resume`` is such a folder, every run's
+    checkpoint at the same dataset position. Refused before any training (ValueError): a bad
+    option (named with its run), duplicate or unsafe names, and runs whose parameters and
+    optimizer state (``FitResult.state_bytes``) do not fit the device's memory together.
+    """
+    if not runs:
+        raise ValueError("runs is empty: give one dict of options per run")
+    folders = {key: shared.pop(key, None) for key in ("checkpoint", "resume")}
+    for key, folder in folders.items():
+        if folder is not None and not os.path.isdir(folder):
+            raise ValueError(f"{key} {folder}: with several runs it must be an existing folder (one file per run)")
+    base = TrainConfig(store, **shared)
+    configs, names = [], []
+    for i, run in enumerate(runs):
+        run = dict(run)
+        name = str(run.pop("name", f"run{i}"))
+        unknown = sorted(set(run) - set(RUN_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"run {name}: {', '.join(unknown)} cannot differ between runs (per run: {', '.join(RUN_OPTIONS)})"
+            )
+        if not RUN_NAME.fullmatch(name) or name in names:
+            raise ValueError(f"run name {name!r} must be unique, 1-64 letters, digits, '.', '_' or '-'")
+        names.append(name)
+        paths = {k: None if f is None else os.path.join(f, f"{name}.ckpt") for k, f in folders.items()}
+        try:
+            configs.append(dataclasses.replace(base, **run, **paths))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"run {name}: {exc}") from None
+    saved = [load_checkpoint(c.resume) if c.resume is not None else None for c in configs]
+    positions = {(s["epoch"], s["step"], str(s["partial"] and s["partial"]["dataset"])) for s in saved if s}
+    if len(positions) > 1 or (positions and None in saved):
+        steps = ["no checkpoint" if s is None else f"step {s['step']}" for s in saved]
+        where = ", ".join(f"{name}: {step}" for name, step in zip(names, steps))
+        raise ValueError(
+            f"resume {folders['resume']}: the runs' checkpoints stopped at different places ({where}); "
+            "resume the runs that stopped together"
+        )
+    data = open_data(configs[0], saved[0])
+    with torch_settings(base):
+        stream = DataStream(base, data)
+        _check_state_memory(configs, names, data, base.torch_device)
+        trainers = [Trainer(c, data, stream.steps_per_epoch, s, n) for c, s, n in zip(configs, saved, names)]
+        return train_many(stream, trainers, stack)
+
+
+def _check_state_memory(configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device) -> None:
+    """Refuses runs whose parameters and optimizer state exceed the device's memory (CUDA) or
+    this machine's RAM (CPU), counted on CPU copies of their models before any is placed."""
+    by_architecture, needed = {}, []
+    for config in configs:
+        architecture = (config.backbone, config.num_features, config.lattice_size)
+        if architecture not in by_architecture:
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(Trainer.model_config(config, data), config.backbone)
+            by_architecture[architecture] = model_state_bytes(model)
+        needed.append(by_architecture[architecture])
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], f"free on {device}"
+    else:
+        available, where = machine_memory(), "of RAM on this machine"
+    if available and sum(needed) > available:
+        each = ", ".join(f"{name} {b / 1e6:,.1f} MB" for name, b in zip(names, needed))
+        raise ValueError(
+            f"{len(configs)} runs need {sum(needed) / 1e6:,.1f} MB for parameters and optimizer state "
+            f"({each}), more than the {available / 1e6:,.1f} MB {where}; train fewer runs at once"
+        )
+
+
 __all__ = [
     "FitResult",
     "TrainConfig",
@@ -58,6 +172,8 @@ __all__ = [
     "check_outputs",
     "epoch_logger",
     "fit",
+    "fit_many",
+    "Diverged",
     "format_epoch",
     "learning_rate",
     "load_monotone_inputs",

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fastload.inspect import machine_memory, usable_cores
-from fastload.options import AMP_MODES, SCHEDULES
+from fastload.options import AMP_MODES, BACKBONES, SCHEDULES
 from fastload.store import PathLike, Store, _fspath, _is_int
 from fastload.train.checkpoint import check_checkpoint_path
 
@@ -34,7 +34,10 @@ class TrainConfig:
     """The options of one training run (as :func:`~fastload.train.fit` takes them), checked when
     the config is made: bad values raise ValueError naming the option, before any data is read
     (``dataclasses.replace`` checks the changed config again). ``torch_device`` is ``device``
-    resolved."""
+    resolved. ``seed`` seeds the model's initialisation and, unless ``data_seed`` is given, the
+    validation split and batch order too (``data_seed`` is resolved when the config is made, so a
+    ``dataclasses.replace(config, seed=...)`` keeps the data of ``config``). ``patience`` stops a
+    run after that many epochs without a new best validation RMSE."""
 
     store: Union[Store, PathLike]
     val: Union[Store, PathLike, None] = None
@@ -47,6 +50,7 @@ class TrainConfig:
     amp: str = "off"
     workers: int = 0
     seed: int = 0
+    data_seed: Optional[int] = None
     checkpoint: Optional[PathLike] = None
     checkpoint_every: Optional[int] = None
     resume: Optional[PathLike] = None
@@ -58,6 +62,7 @@ class TrainConfig:
     size: Optional[int] = None
     weight_decay: float = 0.0
     max_steps: Optional[int] = None
+    patience: Optional[int] = None
     deterministic: bool = False
     threads: Optional[int] = None
     log: Optional[Callable[[dict], None]] = None
@@ -69,7 +74,12 @@ class TrainConfig:
             raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, not {self.amp!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {self.schedule!r}")
-        bounded = ("epochs", "batch_size", "max_steps", "checkpoint_every", "threads", "workers", "size")
+        if not (self.backbone is None or isinstance(self.backbone, nn.Module) or self.backbone in BACKBONES):
+            raise ValueError(
+                f"backbone must be one of {', '.join(BACKBONES)} or a torch module, not {self.backbone!r}"
+            )
+        bounded = ("epochs", "batch_size", "max_steps", "patience", "checkpoint_every", "threads", "workers", "size")
+        bounded += ("num_features", "lattice_size")
         for name in bounded + ("lr", "weight_decay", "val_fraction"):
             value = getattr(self, name)
             if name == "val_fraction" and self.val is not None:
@@ -77,6 +87,12 @@ class TrainConfig:
             problem = None if value is None else option_problem(name, value)
             if problem:
                 raise ValueError(f"{name} {problem}")
+        for name in ("seed", "data_seed"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise ValueError(f"{name} must be an integer, not {value!r}")
+        if self.data_seed is None:
+            self.data_seed = self.seed
         self.torch_device = resolve_device(self.device)
         if self.checkpoint is not None:
             self.checkpoint = _fspath(self.checkpoint, "checkpoint")
@@ -103,6 +119,9 @@ def _integer_bounds() -> dict:
         "epochs": (1, None, ""),
         "batch_size": (1, None, ""),
         "max_steps": (1, None, ""),
+        "patience": (1, None, ""),
+        "num_features": (1, None, ""),
+        "lattice_size": (2, None, ""),
         "checkpoint_every": (1, None, ""),
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),

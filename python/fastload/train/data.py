@@ -75,7 +75,7 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         train_idx, val_idx = np.arange(len(train_store)), np.arange(len(val_store))
     else:
         val_store = train_store
-        train_idx, val_idx = split_indices(train_store, config.val_fraction, seed=config.seed)
+        train_idx, val_idx = split_indices(train_store, config.val_fraction, seed=config.data_seed)
         train_idx, val_idx = np.asarray(train_idx), np.asarray(val_idx)
     if len(val_idx) == 0:
         raise ValueError(
@@ -109,7 +109,7 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
     ):
         if not np.all(np.isfinite(labels)):
             raise ValueError(f"{what} {path} has NaN or infinite labels; a regression target must be finite")
-    mean, std = _channel_statistics(train_store, train_idx, config.seed)
+    mean, std = _channel_statistics(train_store, train_idx, config.data_seed)
     return TrainingData(
         train_store=train_store,
         val_store=val_store,
@@ -165,7 +165,7 @@ class DataStream:
         # Pinned host buffers only pay off when batches go to a GPU.
         loading = {"return_indices": True, "pin_memory": device.type == "cuda"}
         size = config.batch_size
-        self.train_ds = FastLoadDataset(data.train_store, size, seed=config.seed, indices=data.train_indices, **loading)
+        self.train_ds = FastLoadDataset(data.train_store, size, seed=config.data_seed, indices=data.train_indices, **loading)
         self.val_ds = FastLoadDataset(data.val_store, size, shuffle=False, indices=data.val_indices, **loading)
         images = {**data.statistics, "size": config.size}  # what prepare_images reads
         self.train_prep = BatchPreparer(device, images, data.train_monotone)
@@ -177,11 +177,11 @@ class DataStream:
     def steps_per_epoch(self) -> int:
         return len(self.train_ds)
 
-    def position(self, epoch: int, meter: EpochMeter) -> dict:
-        """Where the training dataset stands after the batches ``meter`` counted, in
+    def position(self, epoch: int, steps: int) -> dict:
+        """Where the training dataset stands after ``steps`` batches of ``epoch``, in
         ``FastLoadDataset.state_dict()`` form: exact with worker processes too (whose progress
         the dataset object here cannot see), and after an epoch's last batch too."""
-        return {"seed": self.train_ds.seed, "epoch": epoch, "position": meter.steps}
+        return {"seed": self.train_ds.seed, "epoch": epoch, "position": steps}
 
     def train_epoch(
         self, epoch: int, meters: Sequence[EpochMeter], position: Optional[dict] = None

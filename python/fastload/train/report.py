@@ -11,8 +11,12 @@ from fastload.store import PathLike, _fspath
 
 
 def format_epoch(metrics: dict) -> str:
-    """One human-readable line for an epoch's metrics."""
-    line = (
+    """One human-readable line for an epoch's metrics (or a run's early stop), led by the run's
+    name in a fit_many group."""
+    run = f"{metrics['run']}  " if "run" in metrics else ""
+    if "stopped" in metrics:
+        return f"{run}stopped at step {metrics['step']}: {metrics['stopped']}"
+    line = run + (
         f"epoch {metrics['epoch']}/{metrics['epochs']}  train loss {metrics['train_loss']:.4g}  "
         f"val MAE {metrics['val_mae']:.4g}  RMSE {metrics['val_rmse']:.4g} "
         f"(mean baseline {metrics['baseline_rmse']:.4g})  {metrics['images_per_s']:,.0f} img/s  "

@@ -17,15 +17,18 @@ evaluated or saved, so a diverged model never overwrites a good checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
 
 from fastload.monotonic import MonotonicRegressor, check_finite_parameters
 from fastload.options import BACKBONES
@@ -53,6 +56,14 @@ class FitResult:
     device: str
     config: dict  # how to rebuild the model (build_model) and prepare its images (prepare_images)
     val_indices: np.ndarray  # the validation records (of the validation store when one was given)
+    name: Optional[str] = None  # the run's name in a fit_many group
+    stopped: Optional[str] = None  # why the run stopped before its last epoch: divergence or patience
+    state_bytes: int = 0  # parameters, gradients and optimizer state the run holds
+
+
+class Diverged(ValueError):
+    """A model's parameters are no longer finite: its run stops (fit raises it; fit_many stops
+    only that run and reports it)."""
 
 
 @contextlib.contextmanager
@@ -76,20 +87,17 @@ class Trainer:
     optimizer, schedule, precision, checkpoint) and ``data`` (the statistics it is built from),
     resumed from ``saved`` when given. The loop (:func:`train`) hands it device batches."""
 
-    def __init__(self, config: TrainConfig, data: TrainingData, steps_per_epoch: int, saved: Optional[dict]):
-        self.options, self.data, self.device = config, data, config.torch_device
+    def __init__(
+        self,
+        config: TrainConfig,
+        data: TrainingData,
+        steps_per_epoch: int,
+        saved: Optional[dict],
+        name: Optional[str] = None,
+    ):
+        self.options, self.data, self.device, self.name = config, data, config.torch_device, name
         backbone = config.backbone
-        # What rebuilds the model (build_model) and prepares its images: FitResult.config, and
-        # what a checkpoint must match to be resumed.
-        self.config = {
-            "backbone": backbone if isinstance(backbone, str) else "custom",
-            "num_features": config.num_features,
-            "lattice_size": config.lattice_size,
-            **data.statistics,
-            "size": config.size,
-            "seed": config.seed,
-            "batch_size": config.batch_size,
-        }
+        self.config = self.model_config(config, data)
         if saved is not None and saved["config"] != self.config:
             differing = sorted(k for k in self.config if saved["config"].get(k) != self.config[k])
             raise ValueError(
@@ -106,6 +114,9 @@ class Trainer:
         self.total_steps = config.epochs * steps_per_epoch
         self.epoch, self.step, self.history, self.partial = 0, 0, [], None
         self.rate = config.lr
+        self.stopped: Optional[str] = None  # why the run stopped early
+        self.diverged: Optional[Diverged] = None
+        self.state_bytes = model_state_bytes(self.model)
         if saved is not None:
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -113,11 +124,55 @@ class Trainer:
             self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
             self.history = list(saved["history"])
             set_rng_state(saved["rng"])
+        if self.epoch < config.epochs:
+            self.stopped = self._patience_stop()
+
+    @staticmethod
+    def model_config(config: TrainConfig, data: TrainingData) -> dict:
+        """What rebuilds the model (build_model) and prepares its images: FitResult.config, and
+        what a checkpoint must match to be resumed."""
+        backbone = config.backbone
+        return {
+            "backbone": backbone if isinstance(backbone, str) else "custom",
+            "num_features": config.num_features,
+            "lattice_size": config.lattice_size,
+            **data.statistics,
+            "size": config.size,
+            "seed": config.seed,
+            "data_seed": config.data_seed,
+            "batch_size": config.batch_size,
+        }
 
     @property
     def done(self) -> bool:
         """Whether ``max_steps`` steps have been taken."""
         return self.options.max_steps is not None and self.step >= self.options.max_steps
+
+    @property
+    def running(self) -> bool:
+        return self.stopped is None and not self.done
+
+    def _patience_stop(self) -> Optional[str]:
+        """Why ``patience`` stops the run after its history (read from the history alone, so a
+        resumed run stops where the straight one would), or None."""
+        patience = self.options.patience
+        if patience is None or not self.history:
+            return None
+        rmses = [m["val_rmse"] for m in self.history]
+        since_best = len(rmses) - 1 - rmses.index(min(rmses))
+        if since_best < patience:
+            return None
+        return f"no better validation RMSE for {since_best} epochs (patience {patience})"
+
+    def stop(self, why: str) -> None:
+        """Stops this run only, reporting why to its log when it is one of a fit_many group
+        (a lone run reports it in its result, or raises :class:`Diverged`)."""
+        self.stopped = why
+        if self.options.log is not None and self.name is not None:
+            self.options.log({**self._label(), "step": self.step, "stopped": why})
+
+    def _label(self) -> dict:
+        return {} if self.name is None else {"run": self.name}
 
     def start_epoch(self, epoch: int) -> Tuple[EpochMeter, Optional[dict]]:
         """The meter of ``epoch`` and, when it resumes a stopped epoch, the dataset position to
@@ -128,24 +183,29 @@ class Trainer:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor], meter: EpochMeter) -> None:
         """One optimizer step on a device batch, at the schedule's learning rate."""
-        o = self.options
-        self.rate = learning_rate(o.schedule, o.lr, self.step, self.total_steps)
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 pred = self.model(x, m)
             loss = F.mse_loss(pred.float(), y)
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.rate
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            self.apply_gradients(loss, len(y), meter)
         except (IndexError, RuntimeError):
             # A NaN weight makes the lattice look up a cell at index -2**63.
             self.check_finite(self.step + 1)
             raise
-        meter.loss_sum += loss.detach().double() * len(y)
-        meter.samples += len(y)
+
+    def apply_gradients(self, loss: torch.Tensor, count: int, meter: EpochMeter) -> None:
+        """The optimizer step on the gradients in the parameters' ``.grad``, at the schedule's
+        learning rate, and the step's figures in ``meter``."""
+        o = self.options
+        self.rate = learning_rate(o.schedule, o.lr, self.step, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rate
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        meter.loss_sum += loss.detach().double() * count
+        meter.samples += count
         meter.steps += 1
         self.step += 1
 
@@ -157,7 +217,7 @@ class Trainer:
             check_finite_parameters(self.model)
         except ValueError as exc:
             step = self.step if step is None else step
-            raise ValueError(f"step {step} (learning rate {self.rate:g}): {exc}") from None
+            raise Diverged(f"step {step} (learning rate {self.rate:g}): {exc}") from None
 
     def checkpoint_due(self) -> bool:
         every = self.options.checkpoint_every
@@ -175,7 +235,7 @@ class Trainer:
                 "format": CHECKPOINT_FORMAT,
                 "config": self.config,
                 "stores": self.data.stores,
-                "model": self.model.state_dict(),
+                "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
                 "epoch": epoch,
@@ -188,29 +248,17 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def evaluate(self, batches: Batches) -> Tuple[float, float]:
-        """(MAE, RMSE) of the model over ``batches``, in eval mode."""
-        self.check_finite()
-        was_training = self.model.training
-        self.model.eval()
-        abs_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        sq_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = 0
-        try:
-            for x, y, m in batches:
-                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                    pred = self.model(x, m)
-                err = pred.double() - y.double()
-                abs_sum += err.abs().sum()
-                sq_sum += err.square().sum()
-                count += len(y)
-        finally:
-            self.model.train(was_training)
-        return abs_sum.item() / count, math.sqrt(sq_sum.item() / count)
+    def errors(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor]) -> torch.Tensor:
+        """(sum of absolute errors, sum of squared errors) of the model on one batch, float64."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            pred = self.model(x, m)
+        err = pred.double() - y.double()
+        return torch.stack([err.abs().sum(), err.square().sum()])
 
     def end_epoch(self, epoch: int, meter: EpochMeter, seconds: float, val_mae: float, val_rmse: float) -> dict:
         """Records (and logs) the metrics of a finished epoch."""
         metrics = {
+            **self._label(),
             "epoch": epoch + 1,
             "epochs": self.options.epochs,
             "step": self.step,
@@ -227,6 +275,9 @@ class Trainer:
         self.history.append(metrics)
         if self.options.log is not None:
             self.options.log(metrics)
+        patience = self._patience_stop()
+        if patience is not None and epoch + 1 < self.options.epochs:
+            self.stop(patience)
         return metrics
 
     def result(self, completed: bool) -> FitResult:
@@ -239,38 +290,208 @@ class Trainer:
             str(self.device),
             self.config,
             self.data.val_indices,
+            self.name,
+            self.stopped,
+            self.state_bytes,
         )
 
 
 def train(stream: DataStream, trainer: Trainer) -> FitResult:
-    """Trains ``trainer``'s model on ``stream`` for the epochs its config asks (from where a
-    resumed checkpoint stopped), saving at each checkpoint and epoch end."""
-    options, device = trainer.options, stream.device
-    if trainer.done:
-        return trainer.result(completed=False)
-    trainer.model.train()
-    for epoch in range(trainer.epoch, options.epochs):
+    """Trains ``trainer``'s model on ``stream`` (:func:`train_many` with one trainer); a model
+    that diverges raises :class:`Diverged`."""
+    (result,) = train_many(stream, [trainer])
+    if trainer.diverged is not None:
+        raise trainer.diverged
+    return result
+
+
+def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = False) -> List[FitResult]:
+    """Trains every trainer on the same batches of ``stream``, for the epochs their (shared)
+    options ask, from where their checkpoints stopped (all at the same dataset position).
+
+    Each device batch is fetched once and every running trainer takes its step on it, one after
+    the other on the current device stream (the host queues the kernels of one model after
+    another; the models do not wait for each other's results). A trainer that diverges or runs
+    out of ``patience`` stops alone; the others go on. With ``stack``, the trainers whose models
+    share an architecture (:func:`stack_key`) take their forward and backward pass together as
+    one vmapped model (:class:`StackedStep`), then each its own optimizer step."""
+    options, device = trainers[0].options, stream.device
+    for t in trainers:
+        t.model.train()
+    units = _step_units(trainers, stack)
+    for epoch in range(trainers[0].epoch, options.epochs):
+        running = [t for t in trainers if t.running]
+        if not running:
+            break
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the epoch's peak, not the process's
-        meter, position = trainer.start_epoch(epoch)
+        started = [t.start_epoch(epoch) for t in running]
+        meters = [meter for meter, _ in started]
+        position = started[0][1]
+        steps = meters[0].steps
         bar = Progress(options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2)
-        figures = functools.partial(_progress_figures, meter)
-        for x, y, m in stream.train_epoch(epoch, [meter], position):
-            trainer.train_step(x, y, m, meter)
-            bar.update(meter.steps, figures)
-            if trainer.checkpoint_due():
-                trainer.save(epoch, stream.position(epoch, meter), meter)
-            if trainer.done:
-                bar.close()
-                return trainer.result(completed=False)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = meter.elapsed()
-        bar.update(meter.steps, figures, force=True)
+        figures = functools.partial(_progress_figures, meters[0])
+        meter_of = {id(t): meter for t, meter in zip(running, meters)}
+        for x, y, m in stream.train_epoch(epoch, meters, position):
+            steps += 1
+            stepping = [t for t in running if t.running]
+            for unit in units:
+                if isinstance(unit, StackedStep):
+                    unit.step(x, y, m, meter_of)
+                elif unit.running:
+                    _guarded(unit, unit.train_step, x, y, m, meter_of[id(unit)])
+            for t in stepping:
+                if t.stopped is None and t.checkpoint_due():
+                    _guarded(t, t.save, epoch, stream.position(epoch, steps), meter_of[id(t)])
+            bar.update(steps, figures)
+            if not any(t.running for t in running):
+                break
+        else:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            bar.update(steps, figures, force=True)
+            bar.close()
+            _end_epoch(stream, epoch, [(t, meter) for t, meter in zip(running, meters) if t.running])
+            continue
         bar.close()
-        trainer.end_epoch(epoch, meter, seconds, *trainer.evaluate(stream.validation()))
-        trainer.save(epoch + 1)
-    return trainer.result(completed=True)
+    for unit in units:
+        if isinstance(unit, StackedStep):
+            unit.unstack()
+    return [t.result(completed=t.epoch == options.epochs) for t in trainers]
+
+
+def stack_key(trainer: Trainer) -> Optional[tuple]:
+    """What trainers must share to be stacked (None: never stacked): a named backbone, its
+    width, the lattice, full precision. Learning rates, schedules, weight decays and seeds may
+    differ: each trainer keeps its own optimizer."""
+    o = trainer.options
+    if not isinstance(o.backbone, str) or o.amp != "off":
+        return None
+    return (o.backbone, o.num_features, o.lattice_size)
+
+
+def _step_units(trainers: Sequence[Trainer], stack: bool) -> list:
+    """The trainers as they step: alone, or (with ``stack``) stacked by architecture where two
+    or more share one."""
+    if not stack:
+        return list(trainers)
+    groups: dict = {}
+    for t in trainers:
+        key = stack_key(t)
+        groups.setdefault(id(t) if key is None else key, []).append(t)
+    return [StackedStep(group) if len(group) > 1 else group[0] for group in groups.values()]
+
+
+class StackedStep:
+    """The forward and backward passes of trainers whose models share an architecture, as one
+    model vmapped over runs (``torch.func``): each parameter and buffer of the runs is one
+    stacked tensor, and each run's model holds views of its slice, so its optimizer, checkpoint
+    and evaluation work unchanged. Gradients agree with the models' own within float rounding
+    (vmapped kernels may sum in another order), not bitwise."""
+
+    def __init__(self, trainers: List[Trainer]):
+        self.trainers: List[Trainer] = []
+        self._stack(trainers)
+
+    def _stack(self, trainers: List[Trainer]) -> None:
+        self.unstack()
+        self.trainers = list(trainers)
+        models = [t.model for t in trainers]
+        self.params = _stack_into(models, "named_parameters")
+        self.buffers = _stack_into(models, "named_buffers")
+        self.base = copy.deepcopy(models[0]).to("meta")  # the module structure functional_call runs
+
+    def unstack(self) -> None:
+        """Gives each model its own storage again."""
+        for t in self.trainers:
+            for tensor in itertools.chain(t.model.parameters(), t.model.buffers()):
+                tensor.data = tensor.data.clone()
+
+    def _loss(self, params: dict, buffers: dict, x, y, m) -> torch.Tensor:
+        return F.mse_loss(functional_call(self.base, (params, buffers), (x, m)).float(), y)
+
+    def step(self, x, y, m, meter_of: dict) -> None:
+        """One step of every running trainer of the stack. A failure (a diverged model's
+        lattice lookup) stops the trainers whose parameters are no longer finite, and the
+        others take the step again without them."""
+        while True:
+            members = [t for t in self.trainers if t.running]
+            if not members:
+                return
+            if members != self.trainers:
+                self._stack(members)
+            before = {name: b.clone() for name, b in self.buffers.items()}  # BatchNorm updates them
+            try:
+                grads, losses = vmap(grad_and_value(self._loss), in_dims=(0, 0, None, None, None))(
+                    self.params, self.buffers, x, y, m
+                )
+            except (IndexError, RuntimeError):
+                for name, b in before.items():
+                    self.buffers[name].copy_(b)
+                for t in members:
+                    _guarded(t, t.check_finite, t.step + 1)
+                if all(t.running for t in members):
+                    raise
+                continue
+            break
+        for i, t in enumerate(members):
+            for name, p in t.model.named_parameters():
+                p.grad = grads[name][i]
+            t.apply_gradients(losses[i], len(y), meter_of[id(t)])
+
+
+def _stack_into(models: List[nn.Module], which: str) -> dict:
+    """name -> one tensor stacking ``which`` (named_parameters or named_buffers) of ``models``;
+    each model's tensor becomes a view of its slice."""
+    named = [dict(getattr(model, which)()) for model in models]
+    stacked = {name: torch.stack([n[name].detach() for n in named]) for name in named[0]}
+    for i, n in enumerate(named):
+        for name, tensor in n.items():
+            tensor.data = stacked[name][i]
+    return stacked
+
+
+def _guarded(trainer: Trainer, action, *args) -> None:
+    """Runs ``action`` of ``trainer``; a divergence stops that trainer only."""
+    try:
+        action(*args)
+    except Diverged as exc:
+        trainer.diverged = exc
+        trainer.stop(f"diverged: {exc}")
+
+
+def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, EpochMeter]]) -> None:
+    """Validates every trainer that finished ``epoch`` on one pass over the validation batches,
+    records its metrics and saves it."""
+    seconds = {id(t): meter.elapsed() for t, meter in finished}
+    for t, _ in finished:
+        _guarded(t, t.check_finite)
+    evaluated = [(t, meter) for t, meter in finished if t.stopped is None]
+    sums = [torch.zeros(2, dtype=torch.float64, device=stream.device) for _ in evaluated]
+    count = 0
+    for t, _ in evaluated:
+        t.model.eval()
+    try:
+        for x, y, m in stream.validation():
+            for total, (t, _) in zip(sums, evaluated):
+                total += t.errors(x, y, m)
+            count += len(y)
+    finally:
+        for t, _ in evaluated:
+            t.model.train()
+    for total, (t, meter) in zip(sums, evaluated):
+        abs_sum, sq_sum = total.tolist()
+        t.epoch = epoch + 1
+        t.end_epoch(epoch, meter, seconds[id(t)], abs_sum / count, math.sqrt(sq_sum / count))
+        _guarded(t, t.save, epoch + 1)
+
+
+def model_state_bytes(model: nn.Module) -> int:
+    """Bytes a model's training holds beside its activations: its parameters and buffers, a
+    gradient per parameter and AdamW's two moments per parameter."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return 4 * params + buffers
 
 
 def _progress_figures(meter: EpochMeter) -> str:

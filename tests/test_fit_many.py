@@ -1,0 +1,253 @@
+"""`fastload.fit_many` and `fastload train --runs`: several models trained on one stream of
+batches, each ending exactly where it would alone; one run stopping without the others."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import cli
+from fastload.store import StoreWriter
+from fastload.train import config as train_config
+from fastload.train import fit
+from fastload.train import trainer as train_mod
+
+COUNT, SIDE = 40, 8
+SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("many") / "bright.fastload"
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (COUNT, SIDE, SIDE, 3), dtype=np.uint8)
+    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
+        writer.extend(images, images.reshape(COUNT, -1).mean(1) / 255.0)
+    return path
+
+
+def _assert_same_parameters(a, b):
+    a, b = a.state_dict(), b.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+RUNS = [
+    dict(name="slow", lr=1e-3, seed=0),
+    dict(name="fast", lr=3e-2, seed=1, schedule="constant", weight_decay=0.01),
+    dict(name="small-lattice", lr=3e-3, seed=2, lattice_size=2, num_features=4),
+]
+
+
+def test_each_run_ends_where_it_would_alone(store_path):
+    logged = []
+    results = fastload.fit_many(store_path, RUNS, seed=5, log=logged.append, **SHARED)
+    assert [r.name for r in results] == ["slow", "fast", "small-lattice"]
+    for run, result in zip(RUNS, results):
+        options = {k: v for k, v in run.items() if k != "name"}
+        alone = fit(store_path, data_seed=5, **options, **SHARED)
+        _assert_same_parameters(result.model, alone.model)
+        assert result.completed and result.stopped is None and result.steps == alone.steps
+        assert [m["val_rmse"] for m in result.history] == [m["val_rmse"] for m in alone.history]
+        assert result.state_bytes > 0
+    assert [(m["run"], m["epoch"]) for m in logged] == [(n, e) for e in (1, 2) for n in ("slow", "fast", "small-lattice")]
+    # The group's order of batches follows data_seed, not the runs' model seeds.
+    other_order = fit(store_path, seed=1, **{k: v for k, v in RUNS[1].items() if k not in ("name", "seed")}, **SHARED)
+    assert not torch.equal(next(other_order.model.parameters()), next(results[1].model.parameters()))
+
+
+@pytest.mark.parametrize("stop_after", [7, 5])  # in the middle of epoch 2; after epoch 1's last batch
+def test_runs_stopped_together_resume_together_exactly(store_path, tmp_path, stop_after):
+    runs = RUNS[:2]
+    straight = fastload.fit_many(store_path, runs, **SHARED)
+    stopped = fastload.fit_many(store_path, runs, checkpoint=tmp_path, max_steps=stop_after, **SHARED)
+    assert [r.steps for r in stopped] == [stop_after] * 2 and not any(r.completed for r in stopped)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fast.ckpt", "slow.ckpt"]
+    resumed = fastload.fit_many(store_path, runs, resume=tmp_path, checkpoint=tmp_path, **SHARED)
+    for a, b in zip(straight, resumed):
+        assert b.completed and b.steps == a.steps
+        _assert_same_parameters(a.model, b.model)
+        assert [m["val_rmse"] for m in a.history] == [m["val_rmse"] for m in b.history]
+
+
+def test_resume_refuses_runs_stopped_at_different_places(store_path, tmp_path):
+    fastload.fit_many(store_path, RUNS[:1], checkpoint=tmp_path, max_steps=3, **SHARED)
+    fastload.fit_many(store_path, RUNS[1:2], checkpoint=tmp_path, max_steps=4, **SHARED)
+    with pytest.raises(ValueError, match=r"checkpoints stopped at different places \(slow: step 3, fast: step 4\)"):
+        fastload.fit_many(store_path, RUNS[:2], resume=tmp_path, **SHARED)
+
+
+def test_a_diverging_run_stops_alone(store_path, monkeypatch):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    logged = []
+    runs = [dict(name="good", lr=3e-3), dict(name="bad", lr=1e30)]
+    good, bad = fastload.fit_many(store_path, runs, log=logged.append, **SHARED)
+    assert good.completed and good.stopped is None and len(good.history) == 2
+    assert not bad.completed and bad.stopped.startswith("diverged: step ") and "non-finite" in bad.stopped
+    assert bad.history == []
+    assert [m for m in logged if "stopped" in m] == [{"run": "bad", "step": bad.steps, "stopped": bad.stopped}]
+    _assert_same_parameters(good.model, fit(store_path, lr=3e-3, **SHARED).model)
+
+
+def test_patience_stops_a_run_that_stops_improving(store_path, monkeypatch):
+    # The run "flat" is made to score the same validation errors every epoch.
+    errors = train_mod.Trainer.errors
+
+    def flat_errors(self, x, y, m):
+        return torch.ones(2, dtype=torch.float64) if self.name == "flat" else errors(self, x, y, m)
+
+    monkeypatch.setattr(train_mod.Trainer, "errors", flat_errors)
+    logged = []
+    runs = [dict(name="flat"), dict(name="moving")]
+    flat, moving = fastload.fit_many(store_path, runs, patience=2, log=logged.append, **{**SHARED, "epochs": 5})
+    assert flat.stopped == "no better validation RMSE for 2 epochs (patience 2)" and not flat.completed
+    assert len(flat.history) == 3 and flat.steps == 3 * 5
+    assert moving.completed and len(moving.history) == 5
+    assert {"run": "flat", "step": 15, "stopped": flat.stopped} in logged
+
+
+@pytest.mark.parametrize(
+    "runs, shared, message",
+    [
+        ([], {}, "runs is empty"),
+        ([dict(lr=0)], {}, "run run0: lr must be above 0"),
+        ([dict(name="a", batch_size=4)], {}, "run a: batch_size cannot differ between runs"),
+        ([dict(name="a"), dict(name="a")], {}, "run name 'a' must be unique"),
+        ([dict(name="../x")], {}, "run name '../x'"),
+        ([dict(backbone="vgg")], {}, "run run0: backbone must be one of"),
+        ([dict()], {"checkpoint": "/nonexistent/folder"}, "must be an existing folder"),
+    ],
+)
+def test_bad_runs_are_refused_before_training(store_path, runs, shared, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        fastload.fit_many(store_path, runs, **{**SHARED, **shared})
+
+
+def test_runs_that_cannot_fit_in_memory_are_refused(store_path, monkeypatch):
+    monkeypatch.setattr("fastload.train.machine_memory", lambda: 1000)
+    with pytest.raises(ValueError, match=r"2 runs need [\d.]+ MB for parameters and optimizer state .* than the 0\.0 MB"):
+        fastload.fit_many(store_path, [dict(), dict()], **SHARED)
+
+
+CLI_SHARED = ["--epochs", "2", "--batch-size", "8", "--device", "cpu", "--threads", "1"]
+
+
+def test_cli_runs_print_a_line_per_run_and_epoch_and_a_sorted_table(store_path, tmp_path, capsys):
+    argv = ["train", str(store_path), "--runs", "3", "--lr", "1e-3,3e-2,1e-2", "--seed", "0,1,2"]
+    assert cli.main(argv + CLI_SHARED + ["--checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    epochs = [line for line in out if " epoch " in line]
+    assert [line.split()[:3] for line in epochs] == [
+        [f"run{i}", "epoch", f"{e}/2"] for e in (1, 2) for i in range(3)
+    ]
+    table = out[len(epochs):]
+    assert table[0].split()[:2] == ["run", "options"] and len(table) == 4
+    rmses = [float(row.split()[4]) for row in table[1:]]
+    assert rmses == sorted(rmses) and all(row.split()[-1] == "done" for row in table[1:])
+    assert {row.split()[1] for row in table[1:]} == {"lr=0.001", "lr=0.03", "lr=0.01"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run0.ckpt", "run1.ckpt", "run2.ckpt"]
+
+
+def test_cli_runs_json_gives_one_line_per_run_per_epoch(store_path, capsys):
+    argv = ["train", str(store_path), "--runs", "2", "--lr", "1e-3,1e-2", "--stack", "--json"]
+    assert cli.main(argv + CLI_SHARED) == 0
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert [(m["run"], m["epoch"]) for m in lines] == [("run0", 1), ("run1", 1), ("run0", 2), ("run1", 2)]
+    assert "val RMSE" in captured.err  # the table goes to stderr, leaving stdout JSON only
+
+
+def test_cli_runs_file_names_the_runs(store_path, tmp_path, capsys):
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps([{"name": "a", "lr": 0.001}, {"name": "b", "seed": 3, "schedule": "constant"}]))
+    assert cli.main(["train", str(store_path), "--runs-file", str(runs)] + CLI_SHARED) == 0
+    table = capsys.readouterr().out.splitlines()[-2:]
+    assert sorted(row.split()[0] for row in table) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--runs", "3", "--lr", "1e-3,3e-3"], "--lr gives 2 values for --runs 3: give 1 or 3"),
+        (["--seed", "0,1"], "--seed gives 2 values for one run"),
+        (["--runs", "2", "--schedule", "cosine,linear"], "must be one of cosine, constant, not 'linear'"),
+        (["--runs", "2", "--lr", "1e-3,0"], "must be above 0"),
+    ],
+)
+def test_cli_per_run_lists_of_the_wrong_length_are_usage_errors(store_path, flags, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", str(store_path)] + flags + CLI_SHARED)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("{not json", "not JSON"), ('{"lr": 1}', "expected a non-empty JSON list of objects"), ('[{"epochs": 3}]', "epochs cannot differ")],
+)
+def test_cli_bad_runs_file_exits_1_naming_it(store_path, tmp_path, content, message, capsys):
+    runs = tmp_path / "runs.json"
+    runs.write_text(content)
+    assert cli.main(["train", str(store_path), "--runs-file", str(runs)] + CLI_SHARED) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_reports_a_diverged_run_and_exits_0_while_another_finished(store_path, monkeypatch, capsys):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "3e-3,1e30"] + CLI_SHARED) == 0
+    captured = capsys.readouterr()
+    assert "run1  stopped at step" in captured.out and "diverged: step" in captured.out
+    assert captured.out.splitlines()[-1].split()[0] == "run1" and captured.out.splitlines()[-1].endswith("diverged")
+    assert "fastload train: run run1 stopped after" in captured.err
+    assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "1e30"] + CLI_SHARED) == 1
+
+
+# Stacked runs agree with the runs alone within float rounding, not bitwise: vmapped kernels
+# may sum in another order, and two epochs of AdamW carry the differences on.
+STACK_TOLERANCE = dict(rtol=1e-3, atol=1e-4)
+
+
+def _assert_close_parameters(a, b):
+    a, b = a.state_dict(), b.state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name].double(), b[name].double(), **STACK_TOLERANCE, msg=name)
+
+
+def test_stacked_runs_end_close_to_the_runs_alone(store_path, monkeypatch):
+    stacked_steps = []
+    step = train_mod.StackedStep.step
+
+    def counted_step(self, *args):
+        stacked_steps.append([t.name for t in self.trainers])
+        step(self, *args)
+
+    monkeypatch.setattr(train_mod.StackedStep, "step", counted_step)
+    runs = RUNS[:2] + [dict(name="third", lr=1e-2, seed=3)] + RUNS[2:]  # three of one architecture
+    results = fastload.fit_many(store_path, runs, stack=True, **SHARED)
+    assert stacked_steps == [["slow", "fast", "third"]] * 10  # small-lattice steps alone
+    for run, result in zip(runs, results):
+        alone = fit(store_path, data_seed=0, **{k: v for k, v in run.items() if k != "name"}, **SHARED)
+        _assert_close_parameters(result.model, alone.model)
+        assert result.completed and result.steps == alone.steps
+        np.testing.assert_allclose(
+            [m["val_rmse"] for m in result.history], [m["val_rmse"] for m in alone.history], rtol=1e-3
+        )
+    # The stacked models hold their own storage afterwards, not slices of one stack.
+    first = [p.untyped_storage().data_ptr() for p in results[0].model.parameters()]
+    second = [p.untyped_storage().data_ptr() for p in results[1].model.parameters()]
+    assert not set(first) & set(second)
+
+
+def test_a_diverging_run_leaves_its_stack(store_path, monkeypatch):
+    monkeypatch.setattr(train_config, "MAX_LR", 1e31)
+    runs = [dict(name="good", lr=3e-3), dict(name="bad", lr=1e30), dict(name="also-good", lr=1e-2, seed=1)]
+    good, bad, also = fastload.fit_many(store_path, runs, stack=True, **SHARED)
+    assert bad.stopped.startswith("diverged: step ") and not bad.completed
+    assert good.completed and also.completed
+    _assert_close_parameters(good.model, fit(store_path, lr=3e-3, **SHARED).model)
+    _assert_close_parameters(also.model, fit(store_path, lr=1e-2, seed=1, data_seed=0, **SHARED).model)
