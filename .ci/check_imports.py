@@ -62,7 +62,9 @@ def imports_of(name: str, path: Path, modules: Dict[str, Path]) -> Set[str]:
             else:
                 source = node.module or ""
             # `from a import b`: the submodule a.b if there is one, else module a itself.
-            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+            targets = [
+                f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names
+            ]
         else:
             continue
         for target in targets:

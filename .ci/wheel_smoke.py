@@ -16,7 +16,10 @@ site = Path(sys.prefix).resolve()
 where = Path(fastload.__file__).resolve()
 assert sys.prefix != sys.base_prefix, "run this inside the fresh virtual environment"
 assert site in where.parents and "site-packages" in where.parts, f"fastload imported from {where}, not {site}"
-assert fastload.__version__ == metadata.version("fastload"), (fastload.__version__, metadata.version("fastload"))
+assert fastload.__version__ == metadata.version("fastload"), (
+    fastload.__version__,
+    metadata.version("fastload"),
+)
 
 path = os.path.join(tempfile.mkdtemp(), "wheel-check.bin")
 with fastload.StoreWriter(path, (4, 4, 3)) as writer:

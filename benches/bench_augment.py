@@ -115,7 +115,9 @@ def main() -> None:
             done = 0
             while done < args.batches:
                 for images, _, keys in ds:
-                    x = to_device(images, args.device, mean=MEAN, std=STD, augment=aug, keys=keys, epoch=state["epoch"])
+                    x = to_device(
+                        images, args.device, mean=MEAN, std=STD, augment=aug, keys=keys, epoch=state["epoch"]
+                    )
                     done += 1
                     if done == args.batches:
                         break
@@ -128,16 +130,29 @@ def main() -> None:
 
         def augment_only() -> int:
             for step in range(args.batches):
-                x = to_device(batch, args.device, mean=MEAN, std=STD, augment=aug, keys=torch.arange(BATCH) + step, epoch=0)
+                x = to_device(
+                    batch,
+                    args.device,
+                    mean=MEAN,
+                    std=STD,
+                    augment=aug,
+                    keys=torch.arange(BATCH) + step,
+                    epoch=0,
+                )
             if x.device.type == "cuda":
                 torch.cuda.synchronize()
             return args.batches
 
-        methods = {"fastload (FastLoadDataset + to_device augment)": fastload_loop, "fastload augment only": augment_only}
+        methods = {
+            "fastload (FastLoadDataset + to_device augment)": fastload_loop,
+            "fastload augment only": augment_only,
+        }
         notes = []
         try:
             recipe = TorchvisionRecipe(path, args.batches * BATCH)
-            loader = DataLoader(recipe, batch_size=BATCH, num_workers=args.workers, persistent_workers=args.workers > 0)
+            loader = DataLoader(
+                recipe, batch_size=BATCH, num_workers=args.workers, persistent_workers=args.workers > 0
+            )
 
             def torchvision_loop() -> int:
                 return sum(1 for _ in loader)

@@ -109,10 +109,20 @@ def main() -> None:
                 rows.append((n, mode, model_images / wall, per_model_image, rss / 2**20))
             for mode in ("fit_many", "fit_many --stack"):
                 by_separate = results[mode] / results["separate"]
-                rows.append((n, f"{mode}: / separate, / one after another", by_separate, results[mode] / results["one after another"], None))
+                rows.append(
+                    (
+                        n,
+                        f"{mode}: / separate, / one after another",
+                        by_separate,
+                        results[mode] / results["one after another"],
+                        None,
+                    )
+                )
 
-    print(f"store {args.records} records of {args.side}x{args.side}x3, {args.epochs} epochs, batch {args.batch_size}, "
-          f"device {args.device}, {args.threads} thread(s) per process, median of {args.repeats}")
+    print(
+        f"store {args.records} records of {args.side}x{args.side}x3, {args.epochs} epochs, batch {args.batch_size}, "
+        f"device {args.device}, {args.threads} thread(s) per process, median of {args.repeats}"
+    )
     print("| N | mode | model-images/s | bytes gathered = bytes moved per model-image | peak RSS MiB |")
     print("|---|---|---:|---:|---:|")
     for n, mode, rate, per_image, rss in rows:

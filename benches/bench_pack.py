@@ -135,8 +135,11 @@ def simd_pack(python: str, files: list, dest: Path, side: int, workers: int, dra
     """Times pillow_pack in another Python (pillow-simd's); returns its seconds."""
     out = subprocess.run(
         [python, __file__, "--pillow-only", str(dest), "--size", str(side), "--workers", str(workers)]
-        + (["--draft"] if draft else []) + [str(f) for f in files],
-        check=True, capture_output=True, text=True,
+        + (["--draft"] if draft else [])
+        + [str(f) for f in files],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return float(out.stdout)
 
@@ -150,13 +153,18 @@ def run_corpus(name: str, tmp: Path, args) -> None:
     files = sorted(src.glob("photos/*.jpg"))
     side = args.size
     methods = {
-        "fastload": lambda dest: timed(lambda: fastload.pack(src, dest, side, resize="crop", workers=args.workers,
-                                                             quiet=True, overwrite=True)),
+        "fastload": lambda dest: timed(
+            lambda: fastload.pack(
+                src, dest, side, resize="crop", workers=args.workers, quiet=True, overwrite=True
+            )
+        ),
         "pillow+draft": lambda dest: pillow_pack(files, dest, side, args.workers, draft=True),
         "pillow": lambda dest: pillow_pack(files, dest, side, args.workers, draft=False),
     }
     if args.simd_python:
-        methods["simd+draft"] = lambda dest: simd_pack(args.simd_python, files, dest, side, args.workers, True)
+        methods["simd+draft"] = lambda dest: simd_pack(
+            args.simd_python, files, dest, side, args.workers, True
+        )
         methods["simd"] = lambda dest: simd_pack(args.simd_python, files, dest, side, args.workers, False)
     times = {m: [] for m in methods}
     load = os.getloadavg()[0]
@@ -169,14 +177,18 @@ def run_corpus(name: str, tmp: Path, args) -> None:
     for method in methods:
         if method != "fastload":
             records[method] = np.fromfile(tmp / f"{name}-{method}.out", np.uint8).reshape(references.shape)
-    print(f"{name}: {count} JPEGs {'/'.join(f'{w}x{h}' for w, h in sizes)}, {source_bytes / 1e6:.1f} MB, "
-          f"-> {side}x{side} crop, {args.workers} workers, median of {args.repeats}, load average {load}")
+    print(
+        f"{name}: {count} JPEGs {'/'.join(f'{w}x{h}' for w, h in sizes)}, {source_bytes / 1e6:.1f} MB, "
+        f"-> {side}x{side} crop, {args.workers} workers, median of {args.repeats}, load average {load}"
+    )
     ours = times["fastload"]
     for method, seconds in times.items():
         pairs = [theirs / mine for mine, theirs in zip(ours, seconds)]
-        print(f"  {method:13} {statistics.median(seconds):6.2f} s {count / statistics.median(seconds):7.1f} files/s  "
-              f"fastload is {statistics.median(pairs):5.2f}x faster (pairs {', '.join(f'{r:.2f}' for r in pairs)})  "
-              f"PSNR {psnr(records[method], references):5.1f} dB")
+        print(
+            f"  {method:13} {statistics.median(seconds):6.2f} s {count / statistics.median(seconds):7.1f} files/s  "
+            f"fastload is {statistics.median(pairs):5.2f}x faster (pairs {', '.join(f'{r:.2f}' for r in pairs)})  "
+            f"PSNR {psnr(records[method], references):5.1f} dB"
+        )
 
 
 def timed(f) -> float:
@@ -197,7 +209,11 @@ def main() -> None:
     parser.add_argument("files", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pillow_only:
-        print(pillow_pack([Path(f) for f in args.files], Path(args.pillow_only), args.size, args.workers, args.draft))
+        print(
+            pillow_pack(
+                [Path(f) for f in args.files], Path(args.pillow_only), args.size, args.workers, args.draft
+            )
+        )
         return
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.executable).name] + sys.argv)}")

@@ -32,7 +32,10 @@ def write_package(root: Path, modules: dict) -> Path:
     "modules, cycle",
     [
         (
-            {"__init__": "from fastload.store import Store\n", "store": "def f():\n    from fastload import __version__\n"},
+            {
+                "__init__": "from fastload.store import Store\n",
+                "store": "def f():\n    from fastload import __version__\n",
+            },
             "fastload -> fastload.store -> fastload",  # through the package __init__, lazily
         ),
         (
@@ -48,7 +51,9 @@ def test_an_import_cycle_is_found(tmp_path, modules, cycle):
 
 
 def test_importing_the_cli_from_a_module_is_found(tmp_path):
-    root = write_package(tmp_path, {"bench": "from fastload.cli import _gb\n", "__main__": "import fastload.cli\n"})
+    root = write_package(
+        tmp_path, {"bench": "from fastload.cli import _gb\n", "__main__": "import fastload.cli\n"}
+    )
     done = check(root)
     assert done.returncode == 1
     assert done.stderr.splitlines() == [

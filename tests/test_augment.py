@@ -154,7 +154,9 @@ def test_crop_matches_torchvision_resized_crop(box):
     got = aug(images, torch.arange(3), 0)
     for i in range(3):
         src = images[i].permute(2, 0, 1).float() / 255
-        ref = TF.resized_crop(src, top, left, box_h, box_w, [16, 14], InterpolationMode.BILINEAR, antialias=False)
+        ref = TF.resized_crop(
+            src, top, left, box_h, box_w, [16, 14], InterpolationMode.BILINEAR, antialias=False
+        )
         # torchvision clamps to the crop, we read the image around it: compare inside.
         torch.testing.assert_close(got[i, :, 1:-1, 1:-1], ref[:, 1:-1, 1:-1], atol=1e-5, rtol=0)
         if box == (0, 0, 24, 20):  # the whole image: same clamping, so equal everywhere
@@ -192,7 +194,9 @@ def test_rotation_matches_a_hand_reference(angle):
     # counter-clockwise on screen (y down): the source of q is R(-angle) q about the centre
     t = math.radians(angle)
     dy, dx = yy - 10, xx - 10
-    source = np.stack([10 + math.sin(t) * dx + math.cos(t) * dy, 10 + math.cos(t) * dx - math.sin(t) * dy], axis=-1)
+    source = np.stack(
+        [10 + math.sin(t) * dx + math.cos(t) * dy, 10 + math.cos(t) * dx - math.sin(t) * dy], axis=-1
+    )
     for i in range(3):
         np.testing.assert_allclose(got[i], bilinear(images[i].numpy() / 255.0, source), atol=1e-5)
 
@@ -207,7 +211,9 @@ def test_rotation_matches_torchvision_rotate(angle):
         ref = TF.rotate(src, angle, InterpolationMode.BILINEAR)
         inside = TF.rotate(torch.ones(1, 20, 20), angle, InterpolationMode.BILINEAR) > 1 - 1e-6
         assert inside.sum() > 150
-        torch.testing.assert_close(got[i][inside.expand(3, -1, -1)], ref[inside.expand(3, -1, -1)], atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            got[i][inside.expand(3, -1, -1)], ref[inside.expand(3, -1, -1)], atol=1e-4, rtol=0
+        )
 
 
 @needs_torchvision
@@ -215,7 +221,14 @@ def test_translation_and_composition_match_torchvision():
     images = smooth_images(h=24, w=20)
     aug = fixed(
         Augment(size=(16, 16), scale=(0.5, 1.0), hflip=0.5, degrees=30.0, translate=0.2),
-        top=4, left=2, box_h=16, box_w=16, hflip=True, angle=20.0, shift_x=3.0, shift_y=-2.0,
+        top=4,
+        left=2,
+        box_h=16,
+        box_w=16,
+        hflip=True,
+        angle=20.0,
+        shift_x=3.0,
+        shift_y=-2.0,
     )
     got = aug(images, torch.arange(3), 0)
     for i in range(3):
@@ -277,7 +290,9 @@ def test_normalisation_is_fused_and_matches_to_device():
     aug = Augment(size=16, scale=(0.3, 1.0), hflip=0.5, brightness=0.3)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     got = to_device(images, "cpu", mean=mean, std=std, augment=aug, keys=[4, 5, 6], epoch=2)
-    ref = (aug(images, [4, 5, 6], 2) - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    ref = (aug(images, [4, 5, 6], 2) - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert got.is_contiguous(memory_format=torch.channels_last)
     assert to_device(images, "cpu", augment=aug, keys=[4, 5, 6], epoch=2, channels_last=False).is_contiguous()
@@ -290,9 +305,13 @@ def test_no_op_augment_returns_exactly_to_devices_output(channels_last):
     images = smooth_images()
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     plain = to_device(images, "cpu", mean=mean, std=std, channels_last=channels_last)
-    noop = to_device(images, "cpu", mean=mean, std=std, channels_last=channels_last, augment=Augment(), keys=[0, 1, 2])
+    noop = to_device(
+        images, "cpu", mean=mean, std=std, channels_last=channels_last, augment=Augment(), keys=[0, 1, 2]
+    )
     assert torch.equal(plain, noop) and plain.stride() == noop.stride()
-    assert torch.equal(to_device(images, "cpu", augment=Augment()), to_device(images, "cpu"))  # keys not needed
+    assert torch.equal(
+        to_device(images, "cpu", augment=Augment()), to_device(images, "cpu")
+    )  # keys not needed
     assert not Augment().active and not Augment.from_spec("none").active
 
 
@@ -311,7 +330,17 @@ def augmented_epoch(ds, aug, epoch, num_workers=None, stop=None):
     return seen
 
 
-AUG = Augment(size=(8, 8), scale=(0.3, 1.0), hflip=0.5, vflip=0.3, degrees=10, brightness=0.4, contrast=0.4, saturation=0.4, seed=7)
+AUG = Augment(
+    size=(8, 8),
+    scale=(0.3, 1.0),
+    hflip=0.5,
+    vflip=0.3,
+    degrees=10,
+    brightness=0.4,
+    contrast=0.4,
+    saturation=0.4,
+    seed=7,
+)
 
 
 def assert_same_records(a, b):
@@ -368,7 +397,13 @@ def test_from_spec_builds_the_documented_augmentations():
     assert (aug.size, aug.scale, aug.hflip, aug.vflip, aug.seed) == ((224, 224), (0.08, 1.0), 0.5, 0.0, 3)
     assert aug.brightness == aug.contrast == aug.saturation == 0.4
     aug = Augment.from_spec(" crop=0.3 , vflip , rotate=15, translate, jitter=0.2")
-    assert (aug.scale, aug.vflip, aug.degrees, aug.translate, aug.brightness) == ((0.3, 1.0), 0.5, 15.0, 0.1, 0.2)
+    assert (aug.scale, aug.vflip, aug.degrees, aug.translate, aug.brightness) == (
+        (0.3, 1.0),
+        0.5,
+        15.0,
+        0.1,
+        0.2,
+    )
     with pytest.raises(ValueError, match="unknown augmentation 'blur'.*known: crop, flip"):
         Augment.from_spec("crop,blur")
     with pytest.raises(ValueError, match="'rotate=lots'.*not a number"):
@@ -418,7 +453,9 @@ def test_bad_calls_are_refused_with_the_reason():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fastload", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_preview_png_shows_records_by_epoch(store_path, tmp_path):
@@ -443,7 +480,9 @@ def test_preview_png_shows_records_by_epoch(store_path, tmp_path):
 
 def test_cli_augment_preview_writes_the_grid(store_path, tmp_path):
     out = tmp_path / "grid.png"
-    result = run_cli("augment-preview", str(store_path), "--augment", "crop,flip,jitter", "--size", "8", "-o", str(out))
+    result = run_cli(
+        "augment-preview", str(store_path), "--augment", "crop,flip,jitter", "--size", "8", "-o", str(out)
+    )
     assert result.returncode == 0, result.stderr
     assert str(out) in result.stdout and out.stat().st_size > 0
 

@@ -145,7 +145,9 @@ def test_only_selects_stages_and_console_prints_table(tiny_store, capsys):
 def test_temporary_store_is_written_and_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     results = bench.run(size_gb=0.003, only="gather", console=False)
-    assert results["config"]["temporary_store"] and results["config"]["records"] == 20  # at least 3 MB of 224*224*3
+    assert (
+        results["config"]["temporary_store"] and results["config"]["records"] == 20
+    )  # at least 3 MB of 224*224*3
     assert results["stages"]["gather"]["status"] == "ok"
     assert os.listdir(tmp_path) == []
 
@@ -258,7 +260,11 @@ def test_verdict_blames_the_disk_when_the_store_does_not_fit_in_ram():
 
 def test_targets_give_the_median_of_per_round_ratios_beside_the_ratio_of_medians():
     def timed(method, seconds, stage):
-        return {**_row(method, 100 / statistics.median(seconds), stage), "seconds": seconds, "images_per_run": 100}
+        return {
+            **_row(method, 100 / statistics.median(seconds), stage),
+            "seconds": seconds,
+            "images_per_run": 100,
+        }
 
     rows = [
         timed("FastLoadDataset, warm, random", [1.0, 1.0, 4.0], "dataset"),  # 100, 100, 25 img/s

@@ -212,7 +212,9 @@ def test_rank_plan_with_fewer_records_than_ranks():
     workers=st.integers(1, 3),
     start=st.integers(0, 4),
 )
-def test_rank_plans_cut_the_epoch_into_consecutive_runs(count, batch_size, world_size, drop_last, workers, start):
+def test_rank_plans_cut_the_epoch_into_consecutive_runs(
+    count, batch_size, world_size, drop_last, workers, start
+):
     """All ranks' k-th batches, rank after rank, continue the epoch order where the (k-1)-th
     left off; every rank gets the same number of batches; a worker's share from a resume
     position is its batches one after the other, with their bounds."""
@@ -222,7 +224,9 @@ def test_rank_plans_cut_the_epoch_into_consecutive_runs(count, batch_size, world
     assert {len(p) for p in plans} == {len(plans[0])}
     read = np.concatenate([p.batch(padded, k) for k in range(len(plans[0])) for p in plans] or [order[:0]])
     np.testing.assert_array_equal(read, padded[: len(read)])
-    assert len(read) == (world_size * batch_size * (count // (world_size * batch_size)) if drop_last else len(padded))
+    assert len(read) == (
+        world_size * batch_size * (count // (world_size * batch_size)) if drop_last else len(padded)
+    )
     for plan in plans:
         ks = range(start, len(plan), workers)
         records, bounds = plan.batches(padded, ks)
@@ -267,9 +271,7 @@ def test_held_batches_are_never_overwritten(store_path):
 def test_buffers_are_reused_across_epochs_and_early_breaks(store_path, monkeypatch):
     allocations = []
     allocate = BufferPool._allocate
-    monkeypatch.setattr(
-        BufferPool, "_allocate", lambda pool: allocations.append(1) or allocate(pool)
-    )
+    monkeypatch.setattr(BufferPool, "_allocate", lambda pool: allocations.append(1) or allocate(pool))
     ds = FastLoadDataset(store_path, 4, prefetch=2)
     for _ in range(3):
         for _ in ds:
@@ -539,6 +541,7 @@ def test_a_batch_out_of_turn_is_an_error_not_a_wrongly_indexed_batch(store_path,
     monkeypatch.setattr(Store, "prefetcher", lambda store, *args: Renumbered(real(store, *args)))
     with pytest.raises(RuntimeError, match="returned batch 1 where batch 0 was due"):
         next(iter(FastLoadDataset(store_path, 4, return_indices=True)))
+
 
 class SimulatedStream:
     """One CUDA stream, simulated on the CPU: `copy` queues a host-to-device copy of a batch,
@@ -833,7 +836,9 @@ def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path)
 
 def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
     pool = BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
-    with pytest.raises(MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"):
+    with pytest.raises(
+        MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"
+    ):
         pool.take()
 
 

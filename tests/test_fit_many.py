@@ -55,9 +55,13 @@ def test_each_run_ends_where_it_would_alone(store_path):
         assert result.completed and result.stopped is None and result.steps == alone.steps
         assert [m["val_rmse"] for m in result.history] == [m["val_rmse"] for m in alone.history]
         assert result.state_bytes > 0
-    assert [(m["run"], m["epoch"]) for m in logged] == [(n, e) for e in (1, 2) for n in ("slow", "fast", "small-lattice")]
+    assert [(m["run"], m["epoch"]) for m in logged] == [
+        (n, e) for e in (1, 2) for n in ("slow", "fast", "small-lattice")
+    ]
     # The group's order of batches follows data_seed, not the runs' model seeds.
-    other_order = fit(store_path, seed=1, **{k: v for k, v in RUNS[1].items() if k not in ("name", "seed")}, **SHARED)
+    other_order = fit(
+        store_path, seed=1, **{k: v for k, v in RUNS[1].items() if k not in ("name", "seed")}, **SHARED
+    )
     assert not torch.equal(next(other_order.model.parameters()), next(results[1].model.parameters()))
 
 
@@ -78,7 +82,9 @@ def test_runs_stopped_together_resume_together_exactly(store_path, tmp_path, sto
 def test_resume_refuses_runs_stopped_at_different_places(store_path, tmp_path):
     fastload.fit_many(store_path, RUNS[:1], checkpoint=tmp_path, max_steps=3, **SHARED)
     fastload.fit_many(store_path, RUNS[1:2], checkpoint=tmp_path, max_steps=4, **SHARED)
-    with pytest.raises(ValueError, match=r"checkpoints stopped at different places \(slow: step 3, fast: step 4\)"):
+    with pytest.raises(
+        ValueError, match=r"checkpoints stopped at different places \(slow: step 3, fast: step 4\)"
+    ):
         fastload.fit_many(store_path, RUNS[:2], resume=tmp_path, **SHARED)
 
 
@@ -90,7 +96,9 @@ def test_a_diverging_run_stops_alone(store_path, monkeypatch):
     assert good.completed and good.stopped is None and len(good.history) == 2
     assert not bad.completed and bad.stopped.startswith("diverged: step ") and "non-finite" in bad.stopped
     assert bad.history == []
-    assert [m for m in logged if "stopped" in m] == [{"run": "bad", "step": bad.steps, "stopped": bad.stopped}]
+    assert [m for m in logged if "stopped" in m] == [
+        {"run": "bad", "step": bad.steps, "stopped": bad.stopped}
+    ]
     _assert_same_parameters(good.model, fit(store_path, lr=3e-3, **SHARED).model)
 
 
@@ -104,7 +112,9 @@ def test_patience_stops_a_run_that_stops_improving(store_path, monkeypatch):
     monkeypatch.setattr(train_mod.Trainer, "errors", flat_errors)
     logged = []
     runs = [dict(name="flat"), dict(name="moving")]
-    flat, moving = fastload.fit_many(store_path, runs, patience=2, log=logged.append, **{**SHARED, "epochs": 5})
+    flat, moving = fastload.fit_many(
+        store_path, runs, patience=2, log=logged.append, **{**SHARED, "epochs": 5}
+    )
     assert flat.stopped == "no better validation RMSE for 2 epochs (patience 2)" and not flat.completed
     assert len(flat.history) == 3 and flat.steps == 3 * 5
     assert moving.completed and len(moving.history) == 5
@@ -130,7 +140,9 @@ def test_bad_runs_are_refused_before_training(store_path, runs, shared, message)
 
 def test_runs_that_cannot_fit_in_memory_are_refused(store_path, monkeypatch):
     monkeypatch.setattr("fastload.train.machine_memory", lambda: 1000)
-    with pytest.raises(ValueError, match=r"2 runs need [\d.]+ MB for parameters and optimizer state .* than the 0\.0 MB"):
+    with pytest.raises(
+        ValueError, match=r"2 runs need [\d.]+ MB for parameters and optimizer state .* than the 0\.0 MB"
+    ):
         fastload.fit_many(store_path, [dict(), dict()], **SHARED)
 
 
@@ -145,7 +157,7 @@ def test_cli_runs_print_a_line_per_run_and_epoch_and_a_sorted_table(store_path, 
     assert [line.split()[:3] for line in epochs] == [
         [f"run{i}", "epoch", f"{e}/2"] for e in (1, 2) for i in range(3)
     ]
-    table = out[len(epochs):]
+    table = out[len(epochs) :]
     assert table[0].split()[:2] == ["run", "options"] and len(table) == 4
     rmses = [float(row.split()[4]) for row in table[1:]]
     assert rmses == sorted(rmses) and all(row.split()[-1] == "done" for row in table[1:])
@@ -164,7 +176,9 @@ def test_cli_runs_json_gives_one_line_per_run_per_epoch(store_path, capsys):
 
 def test_cli_runs_file_names_the_runs(store_path, tmp_path, capsys):
     runs = tmp_path / "runs.json"
-    runs.write_text(json.dumps([{"name": "a", "lr": 0.001}, {"name": "b", "seed": 3, "schedule": "constant"}]))
+    runs.write_text(
+        json.dumps([{"name": "a", "lr": 0.001}, {"name": "b", "seed": 3, "schedule": "constant"}])
+    )
     assert cli.main(["train", str(store_path), "--runs-file", str(runs)] + CLI_SHARED) == 0
     table = capsys.readouterr().out.splitlines()[-2:]
     assert sorted(row.split()[0] for row in table) == ["a", "b"]
@@ -187,7 +201,11 @@ def test_cli_per_run_lists_of_the_wrong_length_are_usage_errors(store_path, flag
 
 @pytest.mark.parametrize(
     "content, message",
-    [("{not json", "not JSON"), ('{"lr": 1}', "expected a non-empty JSON list of objects"), ('[{"epochs": 3}]', "epochs cannot differ")],
+    [
+        ("{not json", "not JSON"),
+        ('{"lr": 1}', "expected a non-empty JSON list of objects"),
+        ('[{"epochs": 3}]', "epochs cannot differ"),
+    ],
 )
 def test_cli_bad_runs_file_exits_1_naming_it(store_path, tmp_path, content, message, capsys):
     runs = tmp_path / "runs.json"
@@ -202,7 +220,9 @@ def test_cli_reports_a_diverged_run_and_exits_0_while_another_finished(store_pat
     assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "3e-3,1e30"] + CLI_SHARED) == 0
     captured = capsys.readouterr()
     assert "run1  stopped at step" in captured.out and "diverged: step" in captured.out
-    assert captured.out.splitlines()[-1].split()[0] == "run1" and captured.out.splitlines()[-1].endswith("diverged")
+    assert captured.out.splitlines()[-1].split()[0] == "run1" and captured.out.splitlines()[-1].endswith(
+        "diverged"
+    )
     assert "fastload train: run run1 stopped after" in captured.err
     assert cli.main(["train", str(store_path), "--runs", "2", "--lr", "1e30"] + CLI_SHARED) == 1
 

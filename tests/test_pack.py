@@ -92,10 +92,23 @@ def make_formats(folder: Path) -> dict:
     rgb.save(folder / "image.tiff")
     red, blue = (Image.new("RGB", (SIZE, SIZE), c) for c in ("red", "blue"))
     red.save(folder / "animated.gif", save_all=True, append_images=[blue])
-    for name in ["café_猫.png", "rgb.png", "gray.png", "palette.png", "alpha.png", "gray_alpha.png",
-                 "palette_transparent.png", "lossless.webp", "image.bmp", "image.tiff", "animated.gif"]:
+    for name in [
+        "café_猫.png",
+        "rgb.png",
+        "gray.png",
+        "palette.png",
+        "alpha.png",
+        "gray_alpha.png",
+        "palette_transparent.png",
+        "lossless.webp",
+        "image.bmp",
+        "image.tiff",
+        "animated.gif",
+    ]:
         cases[name] = 0.6
-    cases.update({"progressive.jpeg": 2.5, "gray.jpg": 2.5, "cmyk.jpg": 3.0, "UPPER.JPG": 2.5, "lossy.webp": 3.0})
+    cases.update(
+        {"progressive.jpeg": 2.5, "gray.jpg": 2.5, "cmyk.jpg": 3.0, "UPPER.JPG": 2.5, "lossy.webp": 3.0}
+    )
     cases = {name: (tol, None) for name, tol in cases.items()}
     level16 = (np.arange(SIZE * SIZE, dtype=np.uint16).reshape(SIZE, SIZE) * 61).astype(np.uint16)
     png16(folder / "gray16.png", level16)
@@ -116,10 +129,29 @@ def formats(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "name",
-    ["jpeg420.jpg", "jpeg422.jpg", "jpeg444.jpg", "progressive.jpeg", "gray.jpg", "cmyk.jpg", "UPPER.JPG",
-     "café_猫.png", "rgb.png", "gray.png", "palette.png", "alpha.png", "gray_alpha.png",
-     "palette_transparent.png", "gray16.png", "rgb16.png", "lossless.webp", "lossy.webp", "image.bmp",
-     "image.tiff", "animated.gif"],
+    [
+        "jpeg420.jpg",
+        "jpeg422.jpg",
+        "jpeg444.jpg",
+        "progressive.jpeg",
+        "gray.jpg",
+        "cmyk.jpg",
+        "UPPER.JPG",
+        "café_猫.png",
+        "rgb.png",
+        "gray.png",
+        "palette.png",
+        "alpha.png",
+        "gray_alpha.png",
+        "palette_transparent.png",
+        "gray16.png",
+        "rgb16.png",
+        "lossless.webp",
+        "lossy.webp",
+        "image.bmp",
+        "image.tiff",
+        "animated.gif",
+    ],
 )
 def test_every_format_packs_close_to_pillow(formats, name):
     folder, cases, store = formats
@@ -138,7 +170,9 @@ def test_gif_gives_its_first_frame_and_alpha_lands_on_white(formats):
     assert (transparent_column == 255).all()
 
 
-@pytest.mark.parametrize("orientation, top, bottom", [(6, "red", "blue"), (8, "blue", "red"), (1, None, None)])
+@pytest.mark.parametrize(
+    "orientation, top, bottom", [(6, "red", "blue"), (8, "blue", "red"), (1, None, None)]
+)
 def test_exif_orientation_is_applied(tmp_path, orientation, top, bottom):
     # Stored 32 wide x 16 high: left half red, right half blue.
     pixels = np.zeros((16, 32, 3), np.uint8)
@@ -205,7 +239,9 @@ def test_csv_labels_land_on_their_records(tmp_path, header, encoding, newline):
 def test_class_folders_give_class_indices_and_names(tmp_path):
     src = photo_folder(tmp_path / "src", ["dog/1.png", "cat/2.png", "cat/1.png", "emu/x/deep.png"])
     progress = []
-    report = fastload.pack(src, tmp_path / "s.fl", 8, progress=lambda done, total: progress.append((done, total)))
+    report = fastload.pack(
+        src, tmp_path / "s.fl", 8, progress=lambda done, total: progress.append((done, total))
+    )
     store = fastload.Store(report.path)
     assert store.meta["class_names"] == ["cat", "dog", "emu"]
     assert store.meta["sources"] == ["cat/1.png", "cat/2.png", "dog/1.png", "emu/x/deep.png"]
@@ -257,7 +293,9 @@ def bad_folder(root: Path) -> dict:
     (good / ".hidden.jpg").write_bytes(jpeg)
     (good / "folder.jpg").mkdir()
     # A 20000 x 20000 PNG header with almost no data: a decompression bomb.
-    write_png(good / "bomb.png", struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0), zlib.compress(b"\0" * 1000))
+    write_png(
+        good / "bomb.png", struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0), zlib.compress(b"\0" * 1000)
+    )
     return {
         "c/truncated.jpg": "truncated",
         "c/truncated.png": "truncated",
@@ -304,8 +342,13 @@ def test_csv_problems_are_reported_with_line_numbers(tmp_path):
     with pytest.raises(ValueError) as err:
         fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "labels.csv")
     message = str(err.value)
-    for line, what in [(3, "missing.png does not exist"), (4, "not a number"), (5, "not a finite"),
-                       (6, "not a finite"), (7, "already has a label on line 2")]:
+    for line, what in [
+        (3, "missing.png does not exist"),
+        (4, "not a number"),
+        (5, "not a finite"),
+        (6, "not a finite"),
+        (7, "already has a label on line 2"),
+    ]:
         assert f"line {line}: " in message and what in message
     assert not (tmp_path / "s.fl").exists()
 
@@ -322,7 +365,9 @@ def test_unlabelled_images_fail_unless_skipped(tmp_path):
     (src / "labels.csv").write_text("a.png,4\n")  # a labels file inside SRC is not an image to pack
     with pytest.raises(ValueError, match=r"1 image\(s\) have no label.*skip_unlabelled.*\n  b.png"):
         fastload.pack(src, tmp_path / "s.fl", 8, labels=src / "labels.csv")
-    report = fastload.pack(src, tmp_path / "s.fl", 8, labels=src / "labels.csv", skip_unlabelled=True, strict=True)
+    report = fastload.pack(
+        src, tmp_path / "s.fl", 8, labels=src / "labels.csv", skip_unlabelled=True, strict=True
+    )
     assert report.records == 1 and report.skipped == [("b.png", "no label (skipped by request)")]
     assert fastload.Store(report.path).labels.tolist() == [4]
 
@@ -342,8 +387,12 @@ def test_a_folder_without_images_says_so_not_no_labels(tmp_path):
     (empty / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match=r"no images found \(1 other file\(s\);"):
         fastload.pack(empty, tmp_path / "s.fl", 8, labels=None)
-    result = subprocess.run([sys.executable, "-m", "fastload", "pack", str(empty), str(tmp_path / "s.fl")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "fastload", "pack", str(empty), str(tmp_path / "s.fl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1 and "no images found" in result.stderr
     assert not (tmp_path / "s.fl").exists()
 
@@ -359,8 +408,24 @@ def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
     assert report.records == 2
     assert report.skipped == [("gone.png", "in the labels CSV, but no such file (skipped by request)")]
     assert fastload.Store(report.path).labels.tolist() == [1.5, 3.0]
-    result = subprocess.run([sys.executable, "-m", "fastload", "pack", str(src), str(tmp_path / "t.fl"), "--size", "8",
-                             "--labels", str(csv_path), "--skip-missing"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastload",
+            "pack",
+            str(src),
+            str(tmp_path / "t.fl"),
+            "--size",
+            "8",
+            "--labels",
+            str(csv_path),
+            "--skip-missing",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "gone.png" in result.stdout and len(fastload.Store(tmp_path / "t.fl")) == 2
 
@@ -392,7 +457,10 @@ def test_destination_rules(tmp_path):
 
 def test_cli_exit_codes(tmp_path, capsys):
     bad_folder(tmp_path / "src")
-    assert cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "s.fl"), "--size", "16", "--workers", "1"]) == 0
+    assert (
+        cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "s.fl"), "--size", "16", "--workers", "1"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "packed 1 image " in out and "c/notes.txt: not an image" in out
     assert cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "t.fl"), "--strict", "--quiet"]) == 1
@@ -407,8 +475,25 @@ def test_cli_exit_codes(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "u.fl"), *usage])
         assert exit_.value.code == 2
-    assert cli_main(["pack", str(tmp_path / "src"), str(tmp_path / "p.fl"), "--height", "8", "--width", "12",
-                     "--resize", "pad", "--fill", "1,2,3", "--quiet"]) == 0
+    assert (
+        cli_main(
+            [
+                "pack",
+                str(tmp_path / "src"),
+                str(tmp_path / "p.fl"),
+                "--height",
+                "8",
+                "--width",
+                "12",
+                "--resize",
+                "pad",
+                "--fill",
+                "1,2,3",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert fastload.Store(tmp_path / "p.fl").shape == (8, 12, 3)
 
 
@@ -427,8 +512,21 @@ def big_folder(tmp_path_factory):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_interrupted_pack_leaves_nothing(tmp_path, big_folder, sig):
     dest = tmp_path / "s.fl"
-    command = [sys.executable, "-m", "fastload", "pack", str(big_folder), str(dest), "--size", "512",
-               "--resize", "squash", "--workers", "1", "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "fastload",
+        "pack",
+        str(big_folder),
+        str(dest),
+        "--size",
+        "512",
+        "--resize",
+        "squash",
+        "--workers",
+        "1",
+        "--quiet",
+    ]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while not partials(tmp_path) and time.monotonic() < deadline:

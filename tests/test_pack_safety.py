@@ -76,7 +76,10 @@ def test_workers_are_bounded_by_the_cores(tmp_path, capsys):
     assert code == 1 and bound in err and "Traceback" not in err
     assert not (tmp_path / "s.fl").exists()
     assert 4 <= _core.PACK_MAX_WORKERS <= 4 * cores
-    assert len(fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, workers=_core.PACK_MAX_WORKERS).path)) == 2
+    assert (
+        len(fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, workers=_core.PACK_MAX_WORKERS).path))
+        == 2
+    )
 
 
 def test_a_record_larger_than_a_chunk_may_hold_is_refused(tmp_path, capsys):
@@ -128,8 +131,19 @@ def test_ctrl_c_stops_a_long_chunk_within_a_second_and_leaves_nothing(tmp_path):
         os.link(src / "0.jpg", src / f"{i}.jpg")
     dest = tmp_path / "s.fl"
     proc = subprocess.Popen(  # 2048: over half the side, so JPEGs decode at full scale (no DCT shortcut)
-        [sys.executable, "-m", "fastload", "pack", str(tmp_path / "src"), str(dest), "--size", "2048",
-         "--workers", "1", "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "fastload",
+            "pack",
+            str(tmp_path / "src"),
+            str(dest),
+            "--size",
+            "2048",
+            "--workers",
+            "1",
+            "--quiet",
+        ],
         stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 30
@@ -270,15 +284,25 @@ def test_symbolic_links_out_of_src_are_skipped_unless_asked(tmp_path, capsys):
 
     loop = "symbolic link to a folder that contains SRC (a loop; never followed)"
     report = pack_within(60, src, tmp_path / "s.fl", 8)
-    assert fastload.Store(report.path).meta["sources"] == ["cat/a.png", "cat/in.png", "cat/indir/hidden_target.png",
-                                                           "dog/b.png"]
+    assert fastload.Store(report.path).meta["sources"] == [
+        "cat/a.png",
+        "cat/in.png",
+        "cat/indir/hidden_target.png",
+        "dog/b.png",
+    ]
     skipped = dict(report.skipped)
     assert skipped["cat/out.png"] == LINK_OUTSIDE_SRC and skipped["cat/outdir"] == LINK_OUTSIDE_SRC
     assert skipped["cat/root"] == loop and skipped["dog/parent"] == loop
 
     report = pack_within(60, src, tmp_path / "t.fl", 8, follow_symlinks=True)
     assert fastload.Store(report.path).meta["sources"] == [
-        "cat/a.png", "cat/in.png", "cat/indir/hidden_target.png", "cat/out.png", "cat/outdir/deep.png", "dog/b.png"]
+        "cat/a.png",
+        "cat/in.png",
+        "cat/indir/hidden_target.png",
+        "cat/out.png",
+        "cat/outdir/deep.png",
+        "dog/b.png",
+    ]
     assert dict(report.skipped)["cat/root"] == loop and dict(report.skipped)["dog/parent"] == loop
 
     code, out, _ = cli(capsys, src, tmp_path / "u.fl", "--size", 8, "--follow-symlinks")

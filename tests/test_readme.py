@@ -21,7 +21,9 @@ SETUP_MARKERS = ("pip install", "git clone", "python -m venv")
 
 def readme_blocks():
     """(language, code) of each fenced block; `text` blocks show data, not code."""
-    return [(lang, code) for lang, code in FENCE.findall(README.read_text(encoding="utf-8")) if lang != "text"]
+    return [
+        (lang, code) for lang, code in FENCE.findall(README.read_text(encoding="utf-8")) if lang != "text"
+    ]
 
 
 def is_setup(code: str) -> bool:
@@ -58,9 +60,13 @@ def test_the_setup_blocks_are_what_ci_runs():
     command is the one `.ci/run` runs, so CI proves it."""
     setup = [code.strip() for _, code in readme_blocks() if is_setup(code)]
     installs = [code for code in setup if "pip install" in code]
-    assert installs == ['pip install . && fastload demo', 'pip install -e ".[test]" && python -m pytest'], installs
+    assert installs == ["pip install . && fastload demo", 'pip install -e ".[test]" && python -m pytest'], (
+        installs
+    )
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r'-m pip install -e "\.\[test[],]', ci) and re.search(r"-m pytest", ci), "CI no longer runs the test command"
+    assert re.search(r'-m pip install -e "\.\[test[],]', ci) and re.search(r"-m pytest", ci), (
+        "CI no longer runs the test command"
+    )
     assert "fastload demo" in (ROOT / "tests" / "test_demo.py").read_text()
 
 
@@ -84,8 +90,12 @@ def test_every_readme_block_runs(tmp_path, monkeypatch):
             continue
         if lang == "bash":
             result = subprocess.run(
-                ["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env,
-                capture_output=True, text=True, timeout=600,
+                ["bash", "-euo", "pipefail", "-c", code],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
             assert result.returncode == 0, f"README block failed:\n{code}\n{result.stdout}\n{result.stderr}"
         else:

@@ -228,7 +228,9 @@ def test_cli_batch_too_large_for_ram_exits_1(store_path, capsys):
 def test_a_diverging_run_says_so(store_path, monkeypatch):
     # Past the bound on lr (lifted here), the weights overflow and the lattice indexes with NaN.
     monkeypatch.setattr(train_config, "MAX_LR", 1e31)
-    with pytest.raises(ValueError, match=r"step \d+ \(learning rate [^)]+\): non-finite parameters .*lower the"):
+    with pytest.raises(
+        ValueError, match=r"step \d+ \(learning rate [^)]+\): non-finite parameters .*lower the"
+    ):
         fit(store_path, epochs=1, **{**FAST, "lr": 1e30})
 
 

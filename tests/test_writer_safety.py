@@ -115,10 +115,21 @@ def test_writers_whose_pids_collide_never_share_a_file(tmp_path, overwrite):
     one writer's whole store."""
     path = tmp_path / "s.fastload"
     prefix = pid_namespace_prefix()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+    }
     children, pids = [], []
     for seed in (1, 2):
-        command = [*prefix, sys.executable, "-c", NAMESPACED_WRITER, str(path), str(seed), str(int(overwrite))]
+        command = [
+            *prefix,
+            sys.executable,
+            "-c",
+            NAMESPACED_WRITER,
+            str(path),
+            str(seed),
+            str(int(overwrite)),
+        ]
         child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = child.stdout.readline().split()
         assert line[0] == "ready", line
@@ -146,7 +157,9 @@ time.sleep(60)
 
 def test_a_killed_writers_partial_is_removed_by_the_next_write(tmp_path):
     path = tmp_path / "s.fastload"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
@@ -171,7 +184,10 @@ def test_a_dangling_link_is_refused_before_any_work(tmp_path):
     link = tmp_path / "s.fastload"
     link.symlink_to("gone.fastload")
     for overwrite in (False, True):
-        with pytest.raises(StoreError, match=re.escape(f"{link}: is a symbolic link to gone.fastload, which does not resolve")):
+        with pytest.raises(
+            StoreError,
+            match=re.escape(f"{link}: is a symbolic link to gone.fastload, which does not resolve"),
+        ):
             StoreWriter(link, SHAPE, overwrite=overwrite)
     assert sorted(os.listdir(tmp_path)) == ["s.fastload"]
 
@@ -216,7 +232,10 @@ def nested(depth):
         ({"\udc80": 1}, r"the key '\\udc80' of meta holds a lone surrogate"),
         (nested(_core.MAX_META_DEPTH), r"meta\['deep'\](\[0\]){63} is nested 65 levels deep, more than 64"),
         (cycle(), r"nested 65 levels deep, more than 64 \(or is a reference cycle\)"),
-        ({"blob": "x" * _core.MAX_META_LEN}, r"metadata is \d+ bytes as JSON, more than the 67108864-byte limit"),
+        (
+            {"blob": "x" * _core.MAX_META_LEN},
+            r"metadata is \d+ bytes as JSON, more than the 67108864-byte limit",
+        ),
     ],
     ids=["nan", "inf", "-inf", "surrogate", "surrogate key", "too deep", "cycle", "too long"],
 )
@@ -227,7 +246,9 @@ def test_metadata_a_reader_would_refuse_is_refused_at_construction(tmp_path, met
 
 
 def test_metadata_with_too_many_elements_is_refused_at_construction(tmp_path):
-    with pytest.raises(ValueError, match=r"metadata has more than 4000000 elements \(at meta\['ids'\]\[\d+\]\)"):
+    with pytest.raises(
+        ValueError, match=r"metadata has more than 4000000 elements \(at meta\['ids'\]\[\d+\]\)"
+    ):
         StoreWriter(tmp_path / "s.fastload", SHAPE, meta={"ids": [0] * _core.MAX_META_VALUES})
     assert os.listdir(tmp_path) == []
 
@@ -301,7 +322,9 @@ def test_metadata_nested_too_deep_opens_but_meta_names_the_problem(tmp_path):
     hostile_store(path, json.dumps(nested(70)))
     with Store(path) as s:
         assert len(s) == 5
-        with pytest.raises(StoreError, match=re.escape(f"{path}: bad metadata: metadata is nested 72 levels deep")):
+        with pytest.raises(
+            StoreError, match=re.escape(f"{path}: bad metadata: metadata is nested 72 levels deep")
+        ):
             _ = s.meta
 
 
@@ -310,7 +333,9 @@ def all_damaged(tmp_path_factory):
     """2^18 one-byte records whose stored checksums were all zeroed: every record is damaged."""
     path = tmp_path_factory.mktemp("damaged") / "s.fastload"
     n = 1 << 18
-    with StoreWriter(path, (1, 1, 1), label_dtype="int64", meta={"sources": [f"{i}.png" for i in range(n)]}) as w:
+    with StoreWriter(
+        path, (1, 1, 1), label_dtype="int64", meta={"sources": [f"{i}.png" for i in range(n)]}
+    ) as w:
         w.extend(np.zeros((n, 1, 1, 1), dtype=np.uint8), np.arange(n))
     with open(path, "r+b") as f:
         f.seek(80)
@@ -340,7 +365,10 @@ def test_cli_verify_prints_a_limit_then_how_many_more(all_damaged):
     path, n = all_damaged
     assert verify(path, limit=2) == [(0, "0.png"), (1, "1.png")]
     result = subprocess.run(
-        [sys.executable, "-m", "fastload", "verify", str(path), "--limit", "3"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "fastload", "verify", str(path), "--limit", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [

@@ -38,4 +38,16 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 
-__all__ = ["Store", "StoreWriter", "StoreError", "pack", "PackReport", "__version__", "FastLoadDataset", "to_device", "split_indices", "Augment", "fit_many"]
+__all__ = [
+    "Store",
+    "StoreWriter",
+    "StoreError",
+    "pack",
+    "PackReport",
+    "__version__",
+    "FastLoadDataset",
+    "to_device",
+    "split_indices",
+    "Augment",
+    "fit_many",
+]

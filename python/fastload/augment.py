@@ -189,7 +189,9 @@ class Augment:
             elif name == "vflip":
                 options["vflip"] = 0.5 if value is None else value
             elif name == "jitter":
-                options.update(dict.fromkeys(("brightness", "contrast", "saturation"), 0.4 if value is None else value))
+                options.update(
+                    dict.fromkeys(("brightness", "contrast", "saturation"), 0.4 if value is None else value)
+                )
             elif name == "rotate":
                 options["degrees"] = 10.0 if value is None else value
             else:
@@ -204,7 +206,11 @@ class Augment:
 
     @property
     def geometric(self) -> bool:
-        return self.scale is not None or self.size is not None or bool(self.hflip or self.vflip or self.degrees or self.translate)
+        return (
+            self.scale is not None
+            or self.size is not None
+            or bool(self.hflip or self.vflip or self.degrees or self.translate)
+        )
 
     @property
     def active(self) -> bool:
@@ -247,7 +253,9 @@ class Augment:
         centre crop torchvision falls back to."""
         area = float(height * width)
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, _SCALE : _SCALE + _CROP_ATTEMPTS])
+        target = area * (
+            self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, _SCALE : _SCALE + _CROP_ATTEMPTS]
+        )
         aspect = torch.exp(log_lo + (log_hi - log_lo) * u[:, _RATIO : _RATIO + _CROP_ATTEMPTS])
         tries_w, tries_h = torch.sqrt(target * aspect), torch.sqrt(target / aspect)
         fits = (tries_w <= width) & (tries_h <= height)
@@ -264,7 +272,9 @@ class Augment:
         box_w = torch.where(any_fits, tries_w.gather(1, first)[:, 0], fallback[1])
         return box_h, box_w
 
-    def _theta(self, p: Dict[str, torch.Tensor], height: int, width: int, out_h: int, out_w: int) -> torch.Tensor:
+    def _theta(
+        self, p: Dict[str, torch.Tensor], height: int, width: int, out_h: int, out_w: int
+    ) -> torch.Tensor:
         """N×2×3 affine_grid matrices: output coordinates (normalised, align_corners=False) to
         input ones, composing rotation/translation, flips and the crop box."""
         angle = torch.deg2rad(p["angle"])
@@ -318,12 +328,20 @@ class Augment:
             shift = torch.zeros((1, 1, 1, 1), dtype=dtype, device=images.device)
         out_h, out_w = self.output_size(height, width)
         layout = torch.channels_last if channels_last else torch.contiguous_format
-        out = torch.empty((n, channels, out_h, out_w), dtype=dtype, device=images.device, memory_format=layout)
+        out = torch.empty(
+            (n, channels, out_h, out_w), dtype=dtype, device=images.device, memory_format=layout
+        )
         if n == 0:
             return out
         p = self.params(keys, epoch, height, width)
         theta = self._theta(p, height, width, out_h, out_w).to(dtype) if self.geometric else None
-        step = n if images.device.type != "cpu" else max(1, _CPU_WORKING_SET // (height * width + out_h * out_w) // channels // out.element_size())
+        step = (
+            n
+            if images.device.type != "cpu"
+            else max(
+                1, _CPU_WORKING_SET // (height * width + out_h * out_w) // channels // out.element_size()
+            )
+        )
         for start in range(0, n, step):
             part = slice(start, start + step)
             x = images[part].permute(0, 3, 1, 2).to(dtype)
@@ -357,7 +375,9 @@ class Augment:
             torch.addcmul(_gray(x).mul_(weight), x, coefficient, out=x).clamp_(0.0, 255.0)
         return gain
 
-    def __call__(self, images: torch.Tensor, keys, epoch: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, keys, epoch: int, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Augmented N×C×H×W `dtype` in [0, 1] from uint8 N×H×W×C images (on any device);
         to_device(..., augment=) does the same and normalises."""
         check_uint8_batch(images)
@@ -378,7 +398,11 @@ def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     grid = torch.empty((n, height, width, 2), dtype=theta.dtype, device=theta.device)
     for axis in range(2):  # the output's x, then y
         row = theta[:, axis].view(n, 3, 1, 1)
-        torch.add(row[:, 2] + row[:, 1] * ys.view(1, height, 1), row[:, 0] * xs.view(1, 1, width), out=grid[..., axis])
+        torch.add(
+            row[:, 2] + row[:, 1] * ys.view(1, height, 1),
+            row[:, 0] * xs.view(1, 1, width),
+            out=grid[..., axis],
+        )
     return grid
 
 
@@ -405,7 +429,9 @@ def save_preview(
     except ImportError:
         raise ImportError("the preview needs Pillow: pip install pillow") from None
     if records < 1 or epochs < 1 or first_epoch < 0:
-        raise ValueError(f"need records >= 1, epochs >= 1 and first_epoch >= 0, not {records}, {epochs}, {first_epoch}")
+        raise ValueError(
+            f"need records >= 1, epochs >= 1 and first_epoch >= 0, not {records}, {epochs}, {first_epoch}"
+        )
     path = _fspath(path, "preview path")
     owned = not isinstance(store, Store)
     store = Store(store) if owned else store
@@ -419,12 +445,18 @@ def save_preview(
     finally:
         if owned:
             store.close()
-    tiles = [augment(images, torch.from_numpy(keys), epoch) for epoch in range(first_epoch, first_epoch + epochs)]
+    tiles = [
+        augment(images, torch.from_numpy(keys), epoch) for epoch in range(first_epoch, first_epoch + epochs)
+    ]
     grid = (torch.stack(tiles, dim=1) * 255).round().clamp(0, 255)  # records × epochs × C × h × w
     rows, cols, channels, h, w = grid.shape
     gap = 2  # white lines between tiles and around the grid
     grid = F.pad(grid, (0, gap, 0, gap), value=255.0).permute(0, 3, 1, 4, 2)  # rows × h' × cols × w' × C
-    canvas = F.pad(grid.reshape(rows * (h + gap), cols * (w + gap), channels).permute(2, 0, 1), (gap, 0, gap, 0), value=255.0)
+    canvas = F.pad(
+        grid.reshape(rows * (h + gap), cols * (w + gap), channels).permute(2, 0, 1),
+        (gap, 0, gap, 0),
+        value=255.0,
+    )
     canvas = canvas.permute(1, 2, 0).to(torch.uint8)
     picture = Image.fromarray(canvas.squeeze(2).numpy() if channels == 1 else canvas.numpy())
     folder = os.path.dirname(os.path.abspath(path))

@@ -205,10 +205,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     for result in results:
         who = f"run {result.name} " if result.name is not None else ""
         if result.stopped is not None:
-            print(f"fastload train: {who}stopped after {result.steps} steps: {result.stopped}", file=sys.stderr)
+            print(
+                f"fastload train: {who}stopped after {result.steps} steps: {result.stopped}", file=sys.stderr
+            )
         elif not result.completed:
             resume = f"; continue with --resume {args.checkpoint}" if args.checkpoint else ""
-            print(f"fastload train: {who}stopped after {result.steps} steps (--max-steps){resume}", file=sys.stderr)
+            print(
+                f"fastload train: {who}stopped after {result.steps} steps (--max-steps){resume}",
+                file=sys.stderr,
+            )
     diverged = [r for r in results if r.stopped is not None and r.stopped.startswith("diverged")]
     return 1 if len(diverged) == len(results) else 0
 
@@ -276,7 +281,9 @@ def _cmd_augment_preview(args: argparse.Namespace) -> int:
 
     augment = Augment.from_spec(args.augment, size=args.size, seed=args.seed)
     width, height = save_preview(args.store, args.output, augment, records=args.records, epochs=args.epochs)
-    print(f"{args.output}: {args.records} records x {args.epochs} epochs of {augment!r} ({width}x{height} PNG)")
+    print(
+        f"{args.output}: {args.records} records x {args.epochs} epochs of {augment!r} ({width}x{height} PNG)"
+    )
     return 0
 
 
@@ -298,7 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check every record of a store against its checksum")
     p.add_argument("store")
     p.add_argument(
-        "--limit", type=_parse_positive_int, default=store_mod.VERIFY_LIMIT, help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})"
+        "--limit",
+        type=_parse_positive_int,
+        default=store_mod.VERIFY_LIMIT,
+        help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})",
     )
     p.set_defaults(run=_cmd_verify)
 
@@ -316,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC", help="folder of images")
     p.add_argument("dest", metavar="DEST", help="store file to create (outside SRC)")
-    p.add_argument("--size", type=_parse_positive_int, default=256, help="side of the square records (default 256)")
+    p.add_argument(
+        "--size", type=_parse_positive_int, default=256, help="side of the square records (default 256)"
+    )
     p.add_argument("--height", type=_parse_positive_int, help="record height (overrides --size)")
     p.add_argument("--width", type=_parse_positive_int, help="record width (overrides --size)")
     p.add_argument(
@@ -341,11 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="decoding threads (default: all cores; at most 4 per core); they share one "
         f"{_core.PACK_DECODE_MEMORY_BUDGET / 2**30:g} GiB decode-memory budget",
     )
-    p.add_argument("--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed")
+    p.add_argument(
+        "--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
     p.add_argument("--skip-unlabelled", action="store_true", help="leave out images without a label")
     p.add_argument(
-        "--skip-missing", action="store_true", help="leave out labels CSV rows whose file does not exist (listed)"
+        "--skip-missing",
+        action="store_true",
+        help="leave out labels CSV rows whose file does not exist (listed)",
     )
     p.add_argument(
         "--follow-symlinks",
@@ -399,7 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(one value applies to every run); --checkpoint and --resume are folders (one file per run)",
     )
     runs.add_argument(
-        "--runs-file", metavar="JSON", help="the runs as a JSON list of objects (keys: name and the per-run options)"
+        "--runs-file",
+        metavar="JSON",
+        help="the runs as a JSON list of objects (keys: name and the per-run options)",
     )
     p.add_argument(
         "--stack",
@@ -422,7 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_train_option("epochs"), default=10, help="default 10")
     p.add_argument("--batch-size", type=_train_option("batch_size"), default=64, help="default 64")
     p.add_argument(
-        "--lr", type=_train_values("lr", float), metavar="LR[,LR...]", help="peak AdamW learning rate (default 3e-3)"
+        "--lr",
+        type=_train_values("lr", float),
+        metavar="LR[,LR...]",
+        help="peak AdamW learning rate (default 3e-3)",
     )
     p.add_argument(
         "--schedule",
@@ -439,7 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     p.add_argument("--amp", choices=AMP_MODES, default="off", help="mixed precision")
     p.add_argument(
-        "--workers", type=_train_option("workers"), default=0, help="DataLoader workers; 0 = Rust threads only"
+        "--workers",
+        type=_train_option("workers"),
+        default=0,
+        help="DataLoader workers; 0 = Rust threads only",
     )
     p.add_argument(
         "--threads", type=_train_option("threads"), help="torch CPU threads (default: torch's choice)"
@@ -478,7 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="image feature extractor (default small-cnn; resnet18 needs torchvision)",
     )
     p.add_argument(
-        "--num-features", type=_train_values("num_features"), metavar="N[,N...]", help="image features (default 8)"
+        "--num-features",
+        type=_train_values("num_features"),
+        metavar="N[,N...]",
+        help="image features (default 8)",
     )
     p.add_argument(
         "--lattice-size",

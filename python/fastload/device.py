@@ -39,7 +39,9 @@ def to_device(
     if augment is not None and not isinstance(augment, Augment):
         raise TypeError(f"augment must be a fastload.Augment, not {type(augment).__name__}")
     if augment is not None and augment.active and keys is None:
-        raise ValueError("augment needs keys: the record index of each image (FastLoadDataset(return_indices=True))")
+        raise ValueError(
+            "augment needs keys: the record index of each image (FastLoadDataset(return_indices=True))"
+        )
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -61,7 +63,9 @@ def to_device(
 
 
 @functools.lru_cache(maxsize=64)
-def _normalization(device: torch.device, dtype: torch.dtype, mean: tuple, std: tuple) -> Tuple[torch.Tensor, torch.Tensor]:
+def _normalization(
+    device: torch.device, dtype: torch.dtype, mean: tuple, std: tuple
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-channel scale and shift on `device`, made once per (device, dtype, mean, std): a
     fresh small tensor per batch would be a synchronous host-to-device copy, queued behind the
     batch's asynchronous one, so the host would wait for every batch to arrive."""

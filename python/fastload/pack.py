@@ -92,7 +92,9 @@ class PackReport:
             f"{self.files_per_second:,.0f} files/s, {self.mb_per_second:,.1f} MB/s read"
         ]
         if self.skipped:
-            lines.append(f"skipped {len(self.skipped):,} file(s) (all listed in the store's meta['skipped']):")
+            lines.append(
+                f"skipped {len(self.skipped):,} file(s) (all listed in the store's meta['skipped']):"
+            )
             lines.append(_listed(_named(self.skipped), limit=50)[1:])
         return "\n".join(lines)
 
@@ -204,7 +206,9 @@ def _parse_label(text: str, dtype: str) -> Union[int, float]:
     text = text.strip()
     if not text:
         raise ValueError("empty label")
-    out_of_int64 = f"label {text!r} is out of int64 range (pass label_dtype='float64' / --label-dtype float64)"
+    out_of_int64 = (
+        f"label {text!r} is out of int64 range (pass label_dtype='float64' / --label-dtype float64)"
+    )
     if dtype == "int64":
         try:
             whole = int(text)
@@ -355,7 +359,12 @@ def _find_labels(
         )
     index = {name: i for i, name in enumerate(class_names)}
     by_path = {f: index[f.split("/", 1)[0]] for f in files if "/" in f}
-    return by_path, label_dtype or "int64", class_names, f"they lie directly in {src}, outside any class folder"
+    return (
+        by_path,
+        label_dtype or "int64",
+        class_names,
+        f"they lie directly in {src}, outside any class folder",
+    )
 
 
 def _split_unlabelled(
@@ -392,13 +401,19 @@ def _check_paths(src: Path, dest: Path, labels: Optional[Path], overwrite: bool)
     real_src = Path(os.path.realpath(src))
     real_dest = Path(os.path.realpath(dest))
     if real_dest == real_src or real_src in real_dest.parents:
-        raise ValueError(f"{dest}: the store would be written inside the source folder {src}; write it elsewhere")
+        raise ValueError(
+            f"{dest}: the store would be written inside the source folder {src}; write it elsewhere"
+        )
     if labels is not None and real_dest == Path(os.path.realpath(labels)):
         raise ValueError(f"{dest}: the store would replace the labels file")
 
 
 def _as_size(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(np.atleast_1d(np.asarray(size, dtype=object)))
+    pair = (
+        (size, size)
+        if isinstance(size, (int, np.integer))
+        else tuple(np.atleast_1d(np.asarray(size, dtype=object)))
+    )
     if len(pair) != 2 or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in pair):
         raise ValueError(f"size must be an int or (height, width), not {size!r}")
     if not all(0 < s < 2**16 for s in pair):
@@ -517,7 +532,12 @@ def pack(
             f"{_core.MAX_META_LEN >> 20} MiB metadata limit; pack the folder as several stores"
         )
 
-    chunk = max(1, min(FILES_PER_THREAD * decoder.num_threads, MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // (height * width * 3)))
+    chunk = max(
+        1,
+        min(
+            FILES_PER_THREAD * decoder.num_threads, MAX_CHUNK_RECORDS, MAX_CHUNK_BYTES // (height * width * 3)
+        ),
+    )
     # Two record buffers: the writer thread appends one chunk while the next is decoded into
     # the other, so no core idles while a chunk is written (both calls release the GIL).
     buffers = [np.empty((chunk, height, width, 3), dtype=np.uint8) for _ in range(2)]
@@ -546,7 +566,9 @@ def pack(
                     names, buffer = todo[start : start + chunk], buffers[k % 2]
                     outcomes = decoder.decode_into([str(src / n) for n in names], buffer)
                     ok = [i for i, (_, reason) in enumerate(outcomes) if reason is None]
-                    failed += [(names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None]
+                    failed += [
+                        (names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None
+                    ]
                     source_bytes += sum(read for read, _ in outcomes)
                     images = buffer[: len(names)] if len(ok) == len(names) else buffer[ok]
                     if writing is not None:
@@ -554,7 +576,9 @@ def pack(
                     writing = io.submit(writer.extend, images, [by_path[names[i]] for i in ok])
                     sources += [_display(names[i]) for i in ok]
                     done = start + len(names)
-                    bar.update(done, f"{source_bytes / 1e6 / bar.elapsed():,.1f} MB/s read", force=done == len(todo))
+                    bar.update(
+                        done, f"{source_bytes / 1e6 / bar.elapsed():,.1f} MB/s read", force=done == len(todo)
+                    )
                     if progress is not None:
                         progress(done, len(todo))
                 if writing is not None:
@@ -569,8 +593,7 @@ def pack(
                 )
             if not sources:
                 raise ValueError(
-                    f"{src}: none of the {len(todo)} image(s) could be packed:"
-                    + _listed(_named(failed))
+                    f"{src}: none of the {len(todo)} image(s) could be packed:" + _listed(_named(failed))
                 )
             writer.meta["sources"] = sources
             writer.meta["skipped"] = [{"file": _display(n), "reason": r} for n, r in skipped]

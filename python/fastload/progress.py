@@ -10,7 +10,9 @@ from typing import Callable, Optional, TextIO, Union
 from tqdm import tqdm
 
 #: Progress bars: `5/10 files [2.5 files/s, ETA 00:02, 3.1 MB/s]` (the unit carries its space).
-BAR_FORMAT = "{desc} {percentage:3.0f}%|{bar:24}| {n_fmt}/{total_fmt}{unit} [{rate_fmt}, ETA {remaining}{postfix}]"
+BAR_FORMAT = (
+    "{desc} {percentage:3.0f}%|{bar:24}| {n_fmt}/{total_fmt}{unit} [{rate_fmt}, ETA {remaining}{postfix}]"
+)
 
 
 def gigabytes(n: float) -> str:

@@ -266,7 +266,11 @@ def _meta_problem(value: Any, where: str, depth: int, seen: list) -> Optional[st
             return f"{where} holds a lone surrogate {value[e.start]!r} that UTF-8 cannot encode"
     elif isinstance(value, dict):
         for key, item in value.items():
-            problem = _meta_problem(key, f"the key {key!r} of {where}", depth, [0]) if isinstance(key, (str, float)) else None
+            problem = (
+                _meta_problem(key, f"the key {key!r} of {where}", depth, [0])
+                if isinstance(key, (str, float))
+                else None
+            )
             problem = problem or _meta_problem(item, f"{where}[{key!r}]", depth + 1, seen)
             if problem:
                 return problem
@@ -329,7 +333,9 @@ class StoreWriter:
         if self.shape[2] == 1 and arr.ndim == 2 + batch:
             arr = arr[..., None]
         if tuple(arr.shape[batch:]) != self.shape:
-            raise ValueError(f"image shape {tuple(arr.shape[batch:])} does not match the store's {self.shape}")
+            raise ValueError(
+                f"image shape {tuple(arr.shape[batch:])} does not match the store's {self.shape}"
+            )
         return np.ascontiguousarray(arr)
 
     def _check_labels(self, labels: Any) -> np.ndarray:
@@ -383,7 +389,9 @@ class StoreWriter:
                 raise
             raise ValueError(problem) from None
         if size > _core.MAX_META_LEN:
-            raise ValueError(f"metadata is {size} bytes as JSON, more than the {_core.MAX_META_LEN}-byte limit")
+            raise ValueError(
+                f"metadata is {size} bytes as JSON, more than the {_core.MAX_META_LEN}-byte limit"
+            )
         return text
 
     def commit(self) -> Path:

@@ -138,7 +138,6 @@ class Context:
         return [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
 
 
-
 def _cpu_seconds() -> float:
     """CPU time of this process and its reaped children (DataLoader workers), all threads."""
     own = resource.getrusage(resource.RUSAGE_SELF)

@@ -126,7 +126,6 @@ def verdict(rows: List[dict], plan: dict) -> str:
     return "; ".join(parts) + "."
 
 
-
 def require_matplotlib():
     try:
         import matplotlib
@@ -215,7 +214,9 @@ def report_lines(results: dict) -> List[str]:
         f"{m['fit_in_ram_uint8']:,} as uint8, {m['fit_in_ram_float32']:,} as float32"
     )
     for t in results["targets"]:
-        paired = "" if t.get("paired_ratio") is None else f" (median of per-round ratios {t['paired_ratio']:.2f}x)"
+        paired = (
+            "" if t.get("paired_ratio") is None else f" (median of per-round ratios {t['paired_ratio']:.2f}x)"
+        )
         if t["judged"]:
             outcome = "met" if t["met"] else "MISSED"
         else:

@@ -138,7 +138,6 @@ def bench_gather(ctx: Context) -> List[Figure]:
     ]
 
 
-
 def _dataset_epochs(ctx: Context, order: str, deliver: Callable = lambda images: None):
     """Makes trials that iterate a FastLoadDataset over the sampled records, one epoch per
     call, handing each batch's images to `deliver`."""

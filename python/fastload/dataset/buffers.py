@@ -78,7 +78,9 @@ class BufferPool:
         self._free: collections.deque = collections.deque()
         self._copying: collections.deque = collections.deque()
         self._lent: list = []
-        self.active: Optional[Any] = None  # the iteration under way (a prefetch.Pass), which takes free buffers first
+        self.active: Optional[Any] = (
+            None  # the iteration under way (a prefetch.Pass), which takes free buffers first
+        )
 
     def _allocate(self) -> Buffer:
         try:

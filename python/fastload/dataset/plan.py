@@ -16,6 +16,7 @@ ORDERS = ("random", "sequential", "block")
 BLOCK_BYTES = 8 << 20
 WINDOW_BLOCKS = 8
 
+
 def positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """`value` as an int in [minimum, 2**62): the bound keeps it inside the int64 state slots."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:

@@ -21,7 +21,9 @@ class Pass:
     never idle with one: then fewer buffers keep the ring of buffers in the CPU cache,
     and every copy is faster)."""
 
-    def __init__(self, store: Store, records: np.ndarray, bounds: np.ndarray, pool: BufferPool, prefetch: int):
+    def __init__(
+        self, store: Store, records: np.ndarray, bounds: np.ndarray, pool: BufferPool, prefetch: int
+    ):
         """`records`: the int64 record numbers of every batch, one batch after the other, and
         `bounds` where each starts (see `RankPlan.batches`); the prefetcher checks them."""
         self.prefetcher = store.prefetcher(records, np.diff(bounds).tolist())

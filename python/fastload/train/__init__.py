@@ -106,7 +106,9 @@ def fit_many(
     folders = {key: shared.pop(key, None) for key in ("checkpoint", "resume")}
     for key, folder in folders.items():
         if folder is not None and not os.path.isdir(folder):
-            raise ValueError(f"{key} {folder}: with several runs it must be an existing folder (one file per run)")
+            raise ValueError(
+                f"{key} {folder}: with several runs it must be an existing folder (one file per run)"
+            )
     base = TrainConfig(store, **shared)
     configs, names = [], []
     for i, run in enumerate(runs):
@@ -142,7 +144,9 @@ def fit_many(
         return train_many(stream, trainers, stack)
 
 
-def _check_state_memory(configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device) -> None:
+def _check_state_memory(
+    configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device
+) -> None:
     """Refuses runs whose parameters and optimizer state exceed the device's memory (CUDA) or
     this machine's RAM (CPU), counted on CPU copies of their models before any is placed."""
     by_architecture, needed = {}, []

@@ -78,7 +78,16 @@ class TrainConfig:
             raise ValueError(
                 f"backbone must be one of {', '.join(BACKBONES)} or a torch module, not {self.backbone!r}"
             )
-        bounded = ("epochs", "batch_size", "max_steps", "patience", "checkpoint_every", "threads", "workers", "size")
+        bounded = (
+            "epochs",
+            "batch_size",
+            "max_steps",
+            "patience",
+            "checkpoint_every",
+            "threads",
+            "workers",
+            "size",
+        )
         bounded += ("num_features", "lattice_size")
         for name in bounded + ("lr", "weight_decay", "val_fraction"):
             value = getattr(self, name)

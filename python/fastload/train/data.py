@@ -165,8 +165,12 @@ class DataStream:
         # Pinned host buffers only pay off when batches go to a GPU.
         loading = {"return_indices": True, "pin_memory": device.type == "cuda"}
         size = config.batch_size
-        self.train_ds = FastLoadDataset(data.train_store, size, seed=config.data_seed, indices=data.train_indices, **loading)
-        self.val_ds = FastLoadDataset(data.val_store, size, shuffle=False, indices=data.val_indices, **loading)
+        self.train_ds = FastLoadDataset(
+            data.train_store, size, seed=config.data_seed, indices=data.train_indices, **loading
+        )
+        self.val_ds = FastLoadDataset(
+            data.val_store, size, shuffle=False, indices=data.val_indices, **loading
+        )
         images = {**data.statistics, "size": config.size}  # what prepare_images reads
         self.train_prep = BatchPreparer(device, images, data.train_monotone)
         self.val_prep = BatchPreparer(device, images, data.val_monotone)

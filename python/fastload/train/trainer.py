@@ -108,7 +108,9 @@ class Trainer:
         self.model = build_model(self.config, backbone).to(self.device)
         if self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
         self.amp_dtype = AMP_DTYPES[config.amp]
         self.total_steps = config.epochs * steps_per_epoch
@@ -181,7 +183,9 @@ class Trainer:
         meter = EpochMeter(self.device, partial["meter"] if partial else None)
         return meter, partial["dataset"] if partial else None
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor], meter: EpochMeter) -> None:
+    def train_step(
+        self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor], meter: EpochMeter
+    ) -> None:
         """One optimizer step on a device batch, at the schedule's learning rate."""
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
@@ -255,7 +259,9 @@ class Trainer:
         err = pred.double() - y.double()
         return torch.stack([err.abs().sum(), err.square().sum()])
 
-    def end_epoch(self, epoch: int, meter: EpochMeter, seconds: float, val_mae: float, val_rmse: float) -> dict:
+    def end_epoch(
+        self, epoch: int, meter: EpochMeter, seconds: float, val_mae: float, val_rmse: float
+    ) -> dict:
         """Records (and logs) the metrics of a finished epoch."""
         metrics = {
             **self._label(),
@@ -329,7 +335,9 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = Fa
         meters = [meter for meter, _ in started]
         position = started[0][1]
         steps = meters[0].steps
-        bar = Progress(options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2)
+        bar = Progress(
+            options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2
+        )
         figures = functools.partial(_progress_figures, meters[0])
         meter_of = {id(t): meter for t, meter in zip(running, meters)}
         for x, y, m in stream.train_epoch(epoch, meters, position):
@@ -498,7 +506,9 @@ def _progress_figures(meter: EpochMeter) -> str:
     """The progress bar's running loss, img/s and data-wait share (reading the loss waits for the device)."""
     elapsed = max(meter.elapsed(), 1e-9)
     loss = meter.loss_sum.item() / max(meter.samples, 1)
-    return f"loss {loss:.4g}, {meter.samples / elapsed:,.0f} img/s, data wait {100 * meter.wait / elapsed:.0f}%"
+    return (
+        f"loss {loss:.4g}, {meter.samples / elapsed:,.0f} img/s, data wait {100 * meter.wait / elapsed:.0f}%"
+    )
 
 
 def learning_rate(schedule: str, lr: float, step: int, total_steps: int) -> float:
