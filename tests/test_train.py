@@ -216,3 +216,28 @@ def test_cli_bad_input_exits_1_without_traceback(
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("fastload train: error: ") and "Traceback" not in err
+
+
+def test_augmented_training_is_deterministic_and_a_bad_spec_is_refused(tmp_path):
+    """`augment` changes what the model sees in training (so the weights), the same way on
+    every run with the same seeds; a bad spec is refused before any data is read."""
+    path = tmp_path / "s.fl"
+    rng = np.random.default_rng(0)
+    with StoreWriter(path, (16, 16, 3)) as w:
+        w.extend(rng.integers(0, 255, (40, 16, 16, 3), dtype=np.uint8), rng.random(40))
+    common = dict(epochs=2, batch_size=8, device="cpu", progress=False, backbone="small-cnn", size=12)
+
+    def weights(augment):
+        result = fit(path, augment=augment, **common)
+        return torch.cat([p.detach().flatten() for p in result.model.parameters()]), result
+
+    plain, _ = weights("")
+    first, result = weights("crop=0.5,flip,jitter")
+    again, _ = weights("crop=0.5,flip,jitter")
+    assert torch.equal(first, again) and not torch.equal(first, plain)
+    assert result.config["augment"] == "crop=0.5,flip,jitter"
+    with pytest.raises(ValueError, match="unknown augmentation 'spin'"):
+        fit(tmp_path / "missing.fl", augment="spin", **common)
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["train", str(path), "--augment", "spin"])
+    assert usage.value.code == 2

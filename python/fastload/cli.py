@@ -116,6 +116,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _augment_spec(text: str) -> str:
+    """An augmentation spec, checked as `fit` checks it, so a bad one is a usage error."""
+    from fastload.augment import Augment
+
+    try:
+        Augment.from_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _train_option(name: str, parse=int):
     """An argparse type checking a train option against fit's own bounds, so the usage error
     names the flag (`argument --workers: must be between 0 and 8 (...), not 500`)."""
@@ -187,6 +198,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         size=args.size,
         max_steps=args.max_steps,
         patience=args.patience,
+        augment=args.augment,
         threads=args.threads,
         log=train.epoch_logger(json_lines=args.json, json_log=args.json_log),
         **shared,
@@ -430,6 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="with --runs: seed of the split and batch order shared by the runs (default: the first --seed)",
+    )
+    p.add_argument(
+        "--augment",
+        type=_augment_spec,
+        default="",
+        metavar="SPEC",
+        help="augment training batches on the device: crop[=MIN_SCALE], flip, vflip, jitter[=X], rotate[=DEG], "
+        "translate[=F], comma-separated; validation is never augmented",
     )
     p.add_argument(
         "--patience",

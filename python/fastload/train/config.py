@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fastload.augment import Augment
 from fastload.inspect import machine_memory, usable_cores
 from fastload.options import AMP_MODES, BACKBONES, SCHEDULES
 from fastload.store import PathLike, Store, _fspath, _is_int
@@ -63,6 +64,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_steps: Optional[int] = None
     patience: Optional[int] = None
+    augment: str = ""  # Augment.from_spec terms for the training batches; validation never
     deterministic: bool = False
     threads: Optional[int] = None
     log: Optional[Callable[[dict], None]] = None
@@ -102,6 +104,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be an integer, not {value!r}")
         if self.data_seed is None:
             self.data_seed = self.seed
+        if not isinstance(self.augment, str):
+            raise TypeError(
+                f"augment must be a spec string such as 'crop,flip', not {type(self.augment).__name__}"
+            )
+        Augment.from_spec(self.augment)  # a bad spec is refused before any data is read
         self.torch_device = resolve_device(self.device)
         if self.checkpoint is not None:
             self.checkpoint = _fspath(self.checkpoint, "checkpoint")

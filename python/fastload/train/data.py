@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastload.augment import Augment
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.store import PathLike, Store, _fspath
 from fastload.train.checkpoint import check_same_stores, store_fingerprint
@@ -172,7 +173,12 @@ class DataStream:
             data.val_store, size, shuffle=False, indices=data.val_indices, **loading
         )
         images = {**data.statistics, "size": config.size}  # what prepare_images reads
-        self.train_prep = BatchPreparer(device, images, data.train_monotone)
+        # Augmentation draws from (data seed, epoch, record): the same for every run of a stream.
+        # Its crop comes out at the model's size; an empty spec keeps the plain path (and resize).
+        augment = None
+        if Augment.from_spec(config.augment).active:
+            augment = Augment.from_spec(config.augment, size=config.size, seed=config.data_seed)
+        self.train_prep = BatchPreparer(device, images, data.train_monotone, augment)
         self.val_prep = BatchPreparer(device, images, data.val_monotone)
         self.train_loader = _make_loader(self.train_ds, config.workers, device)
         self.val_loader = _make_loader(self.val_ds, config.workers, device)
@@ -193,6 +199,7 @@ class DataStream:
         """The training batches of ``epoch`` (from ``position`` on, when resuming mid-epoch),
         the wait for each added to ``meters``."""
         self.train_ds.set_epoch(epoch)
+        self.train_prep.epoch = epoch
         if position is not None:
             self.train_ds.load_state_dict(position)
         return _device_batches(self.train_loader, self.train_prep, meters)
@@ -266,11 +273,21 @@ def _channel_statistics(store: Store, indices: np.ndarray, seed: int) -> Tuple[l
     return pixels.mean(0).tolist(), std.tolist()
 
 
-def prepare_images(images: torch.Tensor, config: dict, device: Union[str, torch.device]) -> torch.Tensor:
+def prepare_images(
+    images: torch.Tensor,
+    config: dict,
+    device: Union[str, torch.device],
+    augment: Optional[Augment] = None,
+    keys: Optional[torch.Tensor] = None,
+    epoch: int = 0,
+) -> torch.Tensor:
     """What the model of a run with ``config`` sees: a uint8 N×H×W×C batch moved to ``device``
-    (as uint8, so the bus carries a quarter of the float32 bytes), converted and normalized
-    there, and downscaled there to ``config["size"]`` when set."""
-    x = to_device(images, device, mean=config["mean"], std=config["std"])
+    (as uint8, so the bus carries a quarter of the float32 bytes), augmented there per record
+    (``keys``) and ``epoch`` when given an ``augment``, converted and normalized there, and
+    downscaled there to ``config["size"]`` when set."""
+    x = to_device(
+        images, device, mean=config["mean"], std=config["std"], augment=augment, keys=keys, epoch=epoch
+    )
     size = config["size"]
     if size and tuple(x.shape[-2:]) != (size, size):
         x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
@@ -281,12 +298,19 @@ class BatchPreparer:
     """Turns a host batch (images, labels, record indices) into device tensors; the record
     indices look up the per-record monotone inputs."""
 
-    def __init__(self, device: torch.device, config: dict, monotone: Optional[np.ndarray]):
-        self.device, self.config, self.monotone = device, config, monotone
+    def __init__(
+        self,
+        device: torch.device,
+        config: dict,
+        monotone: Optional[np.ndarray],
+        augment: Optional[Augment] = None,
+    ):
+        self.device, self.config, self.monotone, self.augment = device, config, monotone, augment
+        self.epoch = 0  # the epoch the augmentation draws for (set by DataStream.train_epoch)
 
     def __call__(self, batch):
         images, labels, indices = batch
-        x = prepare_images(images, self.config, self.device)
+        x = prepare_images(images, self.config, self.device, self.augment, indices, self.epoch)
         y = labels.to(self.device, dtype=torch.float32, non_blocking=True)
         m = None
         if self.monotone is not None:

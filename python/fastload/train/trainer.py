@@ -143,6 +143,7 @@ class Trainer:
             "seed": config.seed,
             "data_seed": config.data_seed,
             "batch_size": config.batch_size,
+            "augment": config.augment,
         }
 
     @property
