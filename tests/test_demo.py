@@ -22,6 +22,10 @@ def test_quick_demo_learns_and_keeps_its_guarantee(tmp_path, monkeypatch):
         assert report[key] > 0, key
     assert 0 <= report["data_wait_fraction"] <= 1
     assert report["val_rmse"] < report["baseline_rmse"]
+    assert (
+        report["augment"] == "crop=0.5,flip"
+        and 0 < report["augmented_val_rmse"] < 2 * report["baseline_rmse"]
+    )
     assert report["monotonicity_violation"] <= report["monotonicity_tolerance"] == 1e-6
     assert not list(tmp_path.glob("fastload-demo-*"))  # the temporary directory is removed
 
