@@ -2,6 +2,7 @@
 extras), less the ones named after --except: what `.ci/run` installs before its smoke test."""
 
 import argparse
+import re
 import zipfile
 from email.parser import BytesParser
 
@@ -14,6 +15,6 @@ with zipfile.ZipFile(args.wheel) as wheel:
     metadata = BytesParser().parsebytes(wheel.read(name))
 for requirement in metadata.get_all("Requires-Dist") or []:
     spec, _, marker = requirement.partition(";")
-    project = spec.split("[")[0].split("<")[0].split(">")[0].split("=")[0].split("!")[0].split("~")[0].strip()
+    project = re.match(r"\s*([A-Za-z0-9._-]+)", spec).group(1)  # a PEP 508 name leads the requirement
     if "extra ==" not in marker and project.lower() not in {s.lower() for s in args.skip}:
         print(spec.replace(" ", ""))
