@@ -21,8 +21,14 @@ Each Pillow packer opens, EXIF-transposes, converts to RGB, resizes with Lanczos
 Quality: PSNR of each packer's records against a float reference, a full decode resized
 with Lanczos per channel in Pillow's float mode 'F' (no 8-bit rounding in between).
 
+With `--cpu-per-file`, times instead the CPU seconds of one file on one thread, the methods
+alternating file by file (median of `--repeats`): fastload's read + decode + resize, Pillow's
+`draft` + `load` alone, and Pillow's whole record; where the packers spend the same CPU per
+file, no pipelining makes one of them much faster than the other at the same thread count.
+
     pip install -e ".[bench]"    # Pillow and scikit-image (the sample photographs)
     python benches/bench_pack.py [--size 384] [--workers 2] [--simd-python /tmp/simd/bin/python]
+    python benches/bench_pack.py --cpu-per-file --corpora camera
 """
 
 from __future__ import annotations
@@ -191,6 +197,50 @@ def run_corpus(name: str, tmp: Path, args) -> None:
         )
 
 
+def cpu_per_file(name: str, tmp: Path, args) -> None:
+    """Median CPU seconds per file on one thread: fastload's decode against Pillow's (see the docstring)."""
+    import resource
+
+    from fastload import _core
+
+    def cpu_seconds(f, path: Path) -> float:
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        f(path)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+    def pillow_load(path: Path) -> None:
+        with Image.open(path) as im:
+            im.draft("RGB", (side, side))
+            im.load()
+
+    sizes, count = CORPORA[name]
+    make_folder(tmp / name, sizes, count)
+    files = sorted((tmp / name).glob("photos/*.jpg"))
+    side = args.size
+    decoder = _core.PackDecoder(side, side, "crop", (0, 0, 0), 1)  # one thread
+    record = np.empty((1, side, side, 3), np.uint8)
+    methods = {
+        "fastload": lambda path: decoder.decode_into([str(path)], record),
+        "pillow draft+load": pillow_load,
+        "pillow+draft record": lambda path: pillow_record(path, side, draft=True),
+    }
+    load = os.getloadavg()[0]
+    seconds = {m: [] for m in methods}
+    for path in files:
+        for method, run in methods.items():
+            seconds[method].append(statistics.median(cpu_seconds(run, path) for _ in range(args.repeats)))
+    print(
+        f"{name}: {count} JPEGs, CPU ms per file on one thread (each the median of {args.repeats}), "
+        f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+    ours = sum(seconds["fastload"])
+    for method, per_file in seconds.items():
+        print(
+            f"  {method:20} {1000 * sum(per_file) / count:6.1f} ms  {sum(per_file) / ours:5.2f}x fastload's"
+        )
+
+
 def timed(f) -> float:
     start = time.perf_counter()
     f()
@@ -204,6 +254,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--corpora", default="web,hd,camera")
     parser.add_argument("--simd-python", help="a Python with pillow-simd installed, for two more columns")
+    parser.add_argument(
+        "--cpu-per-file", action="store_true", help="CPU seconds per file on one thread instead"
+    )
     parser.add_argument("--pillow-only", help=argparse.SUPPRESS)  # the subprocess of simd_pack
     parser.add_argument("--draft", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("files", nargs="*", help=argparse.SUPPRESS)
@@ -219,7 +272,7 @@ def main() -> None:
     print(f"command: {' '.join([Path(sys.executable).name] + sys.argv)}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.corpora.split(","):
-            run_corpus(name, Path(tmp), args)
+            (cpu_per_file if args.cpu_per_file else run_corpus)(name, Path(tmp), args)
 
 
 if __name__ == "__main__":
