@@ -489,8 +489,20 @@ def _warm_up() -> None:
                 fit(x[:50], y[:50], monotonicities, 0, 2)
 
 
-def table(budget: Budget) -> None:
+@contextlib.contextmanager
+def one_thread():
+    """torch and sklearn's OpenMP on one thread (restored after): on a shared machine more threads
+    than free cores slow everything, and a method's speed should not hang on its threading."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1) if threadpool_limits is not None else contextlib.nullcontext():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def table(budget: Budget) -> None:
     start = time.perf_counter()
     missing = [
         name
@@ -499,7 +511,7 @@ def table(budget: Budget) -> None:
     ]
     if missing:
         print(f"not installed, left out: {', '.join(missing)}")
-    with threadpool_limits(1) if threadpool_limits is not None else contextlib.nullcontext():
+    with one_thread():
         _warm_up()
         rows = table_rows(budget)
     print(
