@@ -226,12 +226,13 @@ def lr_sweep(seeds: int, epochs: int) -> None:
 
 # The comparison table (issue #18). Budget rules, the same for every method and fixed before any
 # run (nothing is tuned on the test set): the gradient-trained models (fastload, pytorch-lattice)
-# take whole epochs of Adam at lr 1e-2 on minibatches of 128 until at least STEPS steps, which is
-# the lr sweep's 100 epochs at n = 2,000; 1-D models are one calibrator of CURVE_KEYPOINTS
-# keypoints on [0, 1] (increasing); the 8-D models are a calibrator per feature (10 keypoints onto
-# [0, 2]) into a lattice ensemble of 4 lattices of rank 4 and size 3 (CalibratedEnsemble; for
-# pytorch-lattice its NumericalCalibrator and RTL layers, projected with apply_constraints after
-# every step, as its docs train). sklearn runs with its defaults: IsotonicRegression (1-D), and
+# take whole epochs of Adam at lr 1e-2 (--lr sets both) on minibatches of 128 until at least STEPS
+# steps, which is the lr sweep's 100 epochs at n = 2,000; 1-D models are one calibrator of
+# CURVE_KEYPOINTS keypoints on [0, 1] (increasing); the 8-D models are a calibrator per feature
+# (10 keypoints onto [0, 2]) into a lattice ensemble of 4 lattices of rank 4 and size 3
+# (CalibratedEnsemble; for pytorch-lattice its NumericalCalibrator and RTL layers, projected with
+# apply_constraints after every step, as its docs train). fastload computes in float32,
+# pytorch-lattice in float64. sklearn runs with its defaults: IsotonicRegression (1-D), and
 # HistGradientBoostingRegressor with monotonic_cst and random_state = seed.
 CURVES = {
     "step": lambda x: (x > 0.4).double(),
@@ -255,6 +256,7 @@ class Budget:
     grid_points: int  # per grid line
     grid_lines: int  # random base points per monotone input (8-D)
     pairs: int  # random pairs per monotone input
+    lr: float = LR
 
 
 FULL = Budget(
@@ -293,7 +295,7 @@ def _torch_predictor(model, dtype):
     return predict
 
 
-def fit_fastload(x, y, monotonicities, seed: int, steps: int = STEPS):
+def fit_fastload(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
     """The table's fastload model, trained; returns predict(x) -> float64 array.
 
     The one place that builds and trains fastload's model, so a later estimator can replace it.
@@ -304,7 +306,7 @@ def fit_fastload(x, y, monotonicities, seed: int, steps: int = STEPS):
     else:
         model = CalibratedEnsemble(monotonicities, seed)
     inputs, labels = torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
-    fit_torch(model, inputs, labels, seed, _epochs(len(x), steps), LR, BATCH_ROWS)
+    fit_torch(model, inputs, labels, seed, _epochs(len(x), steps), lr, BATCH_ROWS)
     return _torch_predictor(model, torch.float32)
 
 
@@ -353,20 +355,20 @@ class _PLModel(torch.nn.Module):
             self.rtl.apply_constraints()
 
 
-def fit_pytorch_lattice(x, y, monotonicities, seed: int, steps: int = STEPS):
+def fit_pytorch_lattice(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
     torch.manual_seed(seed)
     model = _PLModel(monotonicities, seed)
     inputs, labels = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
-    fit_torch(model, inputs, labels, seed, _epochs(len(x), steps), LR, BATCH_ROWS, model.apply_constraints)
+    fit_torch(model, inputs, labels, seed, _epochs(len(x), steps), lr, BATCH_ROWS, model.apply_constraints)
     return _torch_predictor(model, torch.float64)
 
 
-def fit_isotonic(x, y, monotonicities, seed: int, steps: int = STEPS):
+def fit_isotonic(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
     model = IsotonicRegression(increasing=monotonicities[0] == 1, out_of_bounds="clip").fit(x[:, 0], y)
     return lambda x: model.predict(x[:, 0])
 
 
-def fit_gradient_boosting(x, y, monotonicities, seed: int, steps: int = STEPS):
+def fit_gradient_boosting(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
     model = HistGradientBoostingRegressor(monotonic_cst=list(monotonicities), random_state=seed).fit(x, y)
     return model.predict
 
@@ -450,7 +452,7 @@ def table_rows(budget: Budget) -> List[Row]:
             x, y, x_test, truth = data(seed)
             for name, fit in found.items():
                 start = time.perf_counter()
-                predict = fit(x, y, monotonicities, seed, budget.steps)
+                predict = fit(x, y, monotonicities, seed, budget.steps, budget.lr)
                 row = results[name]
                 row.seconds.append(time.perf_counter() - start)
                 row.rmses.append(float(np.sqrt(np.mean((predict(x_test) - truth) ** 2))))
@@ -515,9 +517,9 @@ def table(budget: Budget) -> None:
         _warm_up()
         rows = table_rows(budget)
     print(
-        f"{budget.seeds} seeds; 1 thread (torch and sklearn's OpenMP); noise sd {CURVE_NOISE} (1-D), 0.1 (8-D); "
-        f"RMSE to the noiseless target on {TEST_ROWS:,} new points; worst decrease over {DOMAIN}, the largest of "
-        "any seed"
+        f"{budget.seeds} seeds; Adam lr {budget.lr:g}; 1 thread (torch and sklearn's OpenMP); "
+        f"noise sd {CURVE_NOISE} (1-D), 0.1 (8-D); RMSE to the noiseless target on {TEST_ROWS:,} new points; "
+        f"worst decrease over {DOMAIN}, the largest of any seed"
     )
     print(markdown(rows))
     print(f"total {time.perf_counter() - start:.0f} s")
@@ -536,7 +538,7 @@ def main() -> None:
     if args.what == "speed":
         speed(args.repeats)
     elif args.what == "table":
-        table(QUICK if args.quick else dataclasses.replace(FULL, seeds=args.seeds))
+        table(QUICK if args.quick else dataclasses.replace(FULL, seeds=args.seeds, lr=args.lr))
     else:
         lr_sweep(args.seeds, args.epochs)
 
