@@ -532,6 +532,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="lr, table: seeds (training runs per case)")
     parser.add_argument("--epochs", type=int, default=40, help="lr: epochs per training run")
     parser.add_argument(
+        "--lr", type=float, default=LR, help="table: Adam's learning rate of the trained models"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="table: a smoke test (tiny n, one seed, few steps)"
     )
     args = parser.parse_args()
