@@ -389,8 +389,18 @@ def worst_decrease(predict, monotonicities, budget: Budget, seed: int = 0) -> Tu
     """Largest decrease of ``predict`` along any monotone input, in its declared direction (an
     increase for -1): (between neighbours on grid lines, between random pairs differing only in
     that input). Grid lines run over DOMAIN through random base points (one for 1-D); 0.0 when
-    monotone. fastload's check_monotone sweeps torch modules only, upward only, on grids only."""
+    monotone. fastload's check_monotone sweeps torch modules only, upward only, on grids only.
+    Raises ValueError on a NaN or infinite prediction, which would compare as no decrease."""
     rng = np.random.default_rng(seed)
+
+    def finite(x):
+        outputs = predict(x)
+        if not np.isfinite(outputs).all():
+            raise ValueError(
+                "worst_decrease: a prediction is NaN or infinite; monotonicity cannot be measured"
+            )
+        return outputs
+
     grid = np.linspace(*DOMAIN, budget.grid_points)
     lines = 1 if len(monotonicities) == 1 else budget.grid_lines
     worst_grid = worst_pairs = 0.0
@@ -399,13 +409,13 @@ def worst_decrease(predict, monotonicities, budget: Budget, seed: int = 0) -> Tu
             continue
         swept = np.repeat(rng.uniform(0.0, 1.0, (lines, len(monotonicities))), len(grid), 0)
         swept[:, j] = np.tile(grid, lines)
-        outputs = sign * predict(swept).reshape(lines, len(grid))
+        outputs = sign * finite(swept).reshape(lines, len(grid))
         worst_grid = max(worst_grid, float((outputs[:, :-1] - outputs[:, 1:]).max()))
         low = rng.uniform(0.0, 1.0, (budget.pairs, len(monotonicities)))
         high = low.copy()
         ends = np.sort(rng.uniform(*DOMAIN, (budget.pairs, 2)), 1)
         low[:, j], high[:, j] = ends[:, 0], ends[:, 1]
-        worst_pairs = max(worst_pairs, float((sign * (predict(low) - predict(high))).max()))
+        worst_pairs = max(worst_pairs, float((sign * (finite(low) - finite(high))).max()))
     return worst_grid, worst_pairs
 
 

@@ -72,6 +72,16 @@ def test_worst_decrease_on_eight_inputs_looks_only_along_monotone_ones(bench):
     assert grid > 0 and pairs > 0  # now increasing in the decreasing input 3 above x3 = 1/6
 
 
+def test_worst_decrease_refuses_nan_predictions(bench):
+    """NaN compares as neither larger nor smaller: unchecked, a NaN model would pass as monotone."""
+
+    def predict(x):
+        return np.where(x[:, 0] > 0.5, np.nan, x[:, 0])
+
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        bench.worst_decrease(predict, [1], bench.QUICK)
+
+
 @settings(max_examples=20, deadline=None)
 @given(step_at=st.floats(0.05, 0.95), drop=st.floats(0.01, 10.0))
 def test_worst_decrease_finds_a_hidden_drop(bench, step_at, drop):
