@@ -85,9 +85,7 @@ def class_names(train_store: Store, val_store: Optional[Store]) -> List[str]:
         )
         names = [str(i) for i in range(count)]
     if len(names) < 2:
-        raise ValueError(
-            f"store {train_store.path} has {len(names)} class; classification needs at least 2"
-        )
+        raise ValueError(f"store {train_store.path} has {len(names)} class; classification needs at least 2")
     return names
 
 

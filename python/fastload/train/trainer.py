@@ -26,7 +26,6 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -279,7 +278,9 @@ class Trainer:
             pred = self.model(x, m)
         return validation_sums(self.task, pred, y)
 
-    def end_epoch(self, epoch: int, meter: EpochMeter, seconds: float, sums: torch.Tensor, count: int) -> dict:
+    def end_epoch(
+        self, epoch: int, meter: EpochMeter, seconds: float, sums: torch.Tensor, count: int
+    ) -> dict:
         """Records (and logs) the metrics of a finished epoch, from the sums of :meth:`errors`
         over its ``count`` validation records."""
         metrics = {
