@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from fastload import StoreError, __version__, _core, inspect
@@ -161,6 +162,16 @@ def _train_values(name: str, parse=int, choices=None):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    # A warning (classes made from unnamed labels, ...) is a line of the command's output, not
+    # Python's file:line report.
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: print(
+            f"fastload train: warning: {message}", file=sys.stderr
+        )
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     from fastload import train
 
     inputs = {
