@@ -109,8 +109,8 @@ class Trainer:
         backbone = config.backbone
         self.config = self.model_config(config, data)
         self.task = data.task
-        saved_task = saved and saved["config"].get("task", REGRESSION)
-        if saved is not None and saved_task != self.task:
+        saved_task = None if saved is None else saved["config"].get("task", REGRESSION)
+        if saved_task not in (None, self.task):
             raise ValueError(
                 f"{config.resume}: the checkpoint was written by a {saved_task} run, this run is "
                 f"{self.task}; resume with task {saved_task}"
