@@ -60,15 +60,15 @@ class FitResult:
     history: List[dict]
     steps: int
     completed: bool  # False when max_steps stopped the run before the last epoch ended
-    baseline_rmse: Optional[float]  # validation RMSE of always predicting the training labels' mean
+    baseline_rmse: Optional[float]  # validation RMSE of always predicting the labels' mean (regression)
     device: str
     config: dict  # how to rebuild the model (build_model) and prepare its images (prepare_images)
     val_indices: np.ndarray  # the validation records (of the validation store when one was given)
     name: Optional[str] = None  # the run's name in a fit_many group
     stopped: Optional[str] = None  # why the run stopped before its last epoch: divergence or patience
     state_bytes: int = 0  # parameters, gradients and optimizer state the run holds
-    task: str = REGRESSION  # classification: baseline_rmse is None, baseline_accuracy set
-    baseline_accuracy: Optional[float] = None  # validation accuracy of always the commonest class
+    task: str = REGRESSION  # or "classification": history has val_loss, val_accuracy, per-class counts
+    baseline_accuracy: Optional[float] = None  # of always answering the commonest class (classification)
 
 
 class Diverged(ValueError):
