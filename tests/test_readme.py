@@ -31,7 +31,8 @@ def is_setup(code: str) -> bool:
 
 
 def make_images(folder: Path, count: int = 24) -> None:
-    """Photo-like JPEGs of a few sizes, and `labels.csv` (path,label) beside them."""
+    """Photo-like JPEGs of a few sizes, and `labels.csv` (path,label) beside them; and class
+    folders beside it (`pets/cat`, `pets/dog`: darker and lighter images)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -43,6 +44,11 @@ def make_images(folder: Path, count: int = 24) -> None:
         Image.fromarray(pixels).save(folder / f"img{i:03d}.jpg", quality=90)
         rows.append(f"img{i:03d}.jpg,{i / count:.4f}")
     (folder.parent / "labels.csv").write_text("\n".join(rows) + "\n")
+    for name, level in (("cat", 60), ("dog", 190)):
+        (folder.parent / "pets" / name).mkdir(parents=True)
+        for i in range(count // 2):
+            pixels = (rng.random((40, 40, 3)) * 64 + level - 32).clip(0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder.parent / "pets" / name / f"{i:03d}.jpg", quality=90)
 
 
 def test_the_readme_has_the_blocks_this_test_runs():

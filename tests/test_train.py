@@ -139,19 +139,6 @@ def test_cuda_with_bf16_reports_gpu_memory(store_path):
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.fixture(scope="module")
-def class_store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("classes") / "classes.fastload"
-    with StoreWriter(path, (SIDE, SIDE, 3), label_dtype="int64") as writer:
-        writer.extend(np.zeros((10, SIDE, SIDE, 3), np.uint8), np.arange(10) % 2)
-    return path
-
-
-def test_class_labels_are_refused(class_store):
-    with pytest.raises(ValueError, match="int64 labels.*regression needs"):
-        fit(class_store, **FAST)
-
-
 def test_empty_validation_split_is_refused(store_path):
     with pytest.raises(ValueError, match="validation split .* is empty"):
         fit(store_path, val_fraction=0.001, **FAST)
@@ -200,13 +187,11 @@ def test_cli_prints_json_lines_and_writes_a_checkpoint(store_path, tmp_path, cap
     assert torch.load(ckpt, weights_only=True)["epoch"] == 2
 
 
-@pytest.mark.parametrize("problem", ["int64", "wrong length", "cuda"])
-def test_cli_bad_input_exits_1_without_traceback(
-    problem, store_path, class_store, tmp_path, capsys, monkeypatch
-):
+@pytest.mark.parametrize("problem", ["float64 classified", "wrong length", "cuda"])
+def test_cli_bad_input_exits_1_without_traceback(problem, store_path, tmp_path, capsys, monkeypatch):
     argv = ["train", os.fspath(store_path), "--device", "cpu"]
-    if problem == "int64":
-        argv[1] = os.fspath(class_store)
+    if problem == "float64 classified":
+        argv += ["--task", "classification"]
     elif problem == "wrong length":
         np.save(tmp_path / "m.npy", np.zeros(3))
         argv += ["--monotone-inputs", os.fspath(tmp_path / "m.npy")]

@@ -9,11 +9,12 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from fastload import StoreError, __version__, _core, inspect
 from fastload import store as store_mod
-from fastload.options import AMP_MODES, BACKBONES, MAX_LABELS_CSV_BYTES, RESIZE_MODES, SCHEDULES
+from fastload.options import AMP_MODES, BACKBONES, MAX_LABELS_CSV_BYTES, RESIZE_MODES, SCHEDULES, TASKS
 from fastload.progress import gigabytes as _gb
 
 
@@ -161,6 +162,16 @@ def _train_values(name: str, parse=int, choices=None):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    # A warning (classes made from unnamed labels, ...) is a line of the command's output, not
+    # Python's file:line report.
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: print(
+            f"fastload train: warning: {message}", file=sys.stderr
+        )
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     from fastload import train
 
     inputs = {
@@ -183,6 +194,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             args.parser.error(f"{flag} gives {len(values)} values for {need}")
     shared = {name: values[0] for name, values in per_run.items() if len(values) == 1}
     options = dict(
+        task=args.task,
         val=args.val,
         val_fraction=args.val_fraction,
         epochs=args.epochs,
@@ -243,26 +255,40 @@ def _read_runs_file(path: str) -> list:
 
 
 def _runs_table(results: list, runs: list) -> str:
-    """The runs side by side, best last-epoch validation RMSE first (runs without one last), with
-    the memory each holds for its parameters and optimizer state."""
+    """The runs side by side, best last epoch first (runs without one last): lowest validation
+    RMSE, or highest validation accuracy when classifying; with the memory each holds for its
+    parameters and optimizer state."""
+    classifying = results[0].task == "classification"  # the group's
+    # (sort key, column, column) of a last epoch's figures
+    if classifying:
+        header = ("run", "options", "val loss", "val accuracy", "steps", "state MB", "status")
+
+        def figures(last: dict) -> tuple:
+            return (-last["val_accuracy"], f"{last['val_loss']:.4g}", f"{100 * last['val_accuracy']:.1f}%")
+    else:
+        header = ("run", "options", "val MAE", "val RMSE", "steps", "state MB", "status")
+
+        def figures(last: dict) -> tuple:
+            return (last["val_rmse"], f"{last['val_mae']:.4g}", f"{last['val_rmse']:.4g}")
+
     rows = []
     for result, run in zip(results, runs):
         last = result.history[-1] if result.history else None
+        key, first, second = figures(last) if last else (float("inf"), "-", "-")
         status = "done" if result.completed else (result.stopped or "max-steps").split(":")[0]
         rows.append(
             (
-                last["val_rmse"] if last else float("inf"),
+                key,
                 result.name,
                 " ".join(f"{k}={v}" for k, v in run.items() if k != "name") or "-",
-                f"{last['val_mae']:.4g}" if last else "-",
-                f"{last['val_rmse']:.4g}" if last else "-",
+                first,
+                second,
                 str(result.steps),
                 f"{result.state_bytes / 1e6:.2f}",
                 status,
             )
         )
     rows.sort(key=lambda row: row[0])
-    header = ("run", "options", "val MAE", "val RMSE", "steps", "state MB", "status")
     cells = [header] + [row[1:] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells)
@@ -404,11 +430,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
-        help="train an image regressor on a store and see whether loading keeps up",
-        description="Per epoch: train loss, validation MAE/RMSE, images/s and the data-wait fraction "
-        "(the share of step time spent waiting for the next batch: near 0 means the loader keeps up).",
+        help="train an image regressor or classifier on a store and see whether loading keeps up",
+        description="Per epoch: train loss, validation MAE/RMSE (classification: cross-entropy, accuracy "
+        "and correct/records per class), images/s and the data-wait fraction (the share of step time "
+        "spent waiting for the next batch: near 0 means the loader keeps up).",
     )
     p.add_argument("store")
+    p.add_argument(
+        "--task",
+        choices=TASKS,
+        help="regression takes float64 labels, or int64 ones (a CSV of whole numbers) as numbers; "
+        "classification takes int64 class indices 0..K-1: class folders (K = the classes the store "
+        "lists) or, forced, whole numbers (K = largest label + 1). Default: classification when the "
+        "store lists classes (packed from class folders), regression otherwise",
+    )
     val = p.add_mutually_exclusive_group()
     val.add_argument("--val", metavar="STORE", help="a separate validation store")
     val.add_argument(
@@ -455,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--patience",
         type=_train_option("patience"),
         metavar="N",
-        help="stop a run after N epochs without a better validation RMSE",
+        help="stop a run after N epochs without a better validation RMSE (classification: loss)",
     )
     p.add_argument("--epochs", type=_train_option("epochs"), default=10, help="default 10")
     p.add_argument("--batch-size", type=_train_option("batch_size"), default=64, help="default 64")
@@ -512,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--monotone-inputs",
         metavar="NPY",
         help=".npy of per-record scalars aligned with STORE, shape (N,) or (N, K): the model never "
-        "predicts less when one of them rises",
+        "predicts less (classification: no class logit falls) when one of them rises",
     )
     p.add_argument("--val-monotone-inputs", metavar="NPY", help="the same for the --val store")
     p.add_argument(

@@ -11,5 +11,7 @@ MAX_LABELS_CSV_BYTES = 128 << 20
 AMP_MODES = ("off", "bf16", "fp16")
 #: `fit(schedule=...)`: learning-rate schedules.
 SCHEDULES = ("cosine", "constant")
+#: `fit(task=...)`: what the labels are (None: classification when the store lists classes).
+TASKS = ("regression", "classification")
 #: `fit(backbone=...)` by name (a torch module is accepted too).
 BACKBONES = ("small-cnn", "resnet18")

@@ -1,7 +1,10 @@
-"""Training a monotonic regressor on a store: :func:`fit` and the ``fastload train`` command.
+"""Training a monotonic regressor or classifier on a store: :func:`fit` and the ``fastload
+train`` command.
 
 The package's modules: ``config`` (:class:`TrainConfig`, every option checked in one place),
-``data`` (the stores, their split and the stream of device batches), ``trainer`` (one model's
+``task`` (regression or classification: which labels each takes, its loss and validation
+figures), ``data`` (the stores, their split and the stream of device batches), ``classifier``
+(:class:`MonotonicClassifier`), ``trainer`` (one model's
 :class:`~fastload.train.trainer.Trainer` and the loop that feeds it), ``checkpoint`` (atomic
 checkpoints tied to their stores), ``report`` (epoch lines and JSON logs).
 """
@@ -18,6 +21,7 @@ import torch
 from fastload.inspect import machine_memory
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import load_checkpoint, store_fingerprint
+from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
 from fastload.train.report import epoch_logger, format_epoch
@@ -40,14 +44,25 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def fit(store: Union[Store, PathLike], **options) -> FitResult:
-    """Trains a :class:`~fastload.monotonic.MonotonicRegressor` on a store's float64 labels.
-    The keyword arguments are the fields of :class:`TrainConfig` (their defaults are its).
+    """Trains a :class:`~fastload.monotonic.MonotonicRegressor` on a store's labels, or a
+    :class:`MonotonicClassifier` on its class indices. The keyword arguments are the fields of
+    :class:`TrainConfig` (their defaults are its).
+
+    ``task``: "regression" takes float64 or int64 labels (int64 regressed as numbers);
+    "classification" takes int64 class indices: the classes the store's metadata lists
+    (``meta["class_names"]``, written when packing class folders), or, when it lists none, 0 to
+    the largest label (a warning says so); a separate ``val`` store must list the same classes.
+    Default (None): classification for a store that lists classes, regression otherwise.
+    Classification trains on cross-entropy and reports validation cross-entropy (``val_loss``),
+    ``val_accuracy``, per-class ``val_support`` and ``val_correct`` (lists by class index) and
+    ``baseline_accuracy`` (always the training split's commonest class); regression reports
+    ``val_mae``, ``val_rmse`` and ``baseline_rmse`` (always the training labels' mean).
 
     Validation uses ``val`` (another store) or a reproducible ``val_fraction`` of ``store``.
     ``monotone_inputs`` (a ``.npy`` path or array, (N,) or (N, K), aligned with ``store``) feed
     the model's monotone dimensions; with a separate ``val`` store, ``val_monotone_inputs`` are
-    its aligned inputs. The model starts sensible: its output range is the training labels'
-    range widened by 10% each side, its monotone-input calibrators span the training inputs,
+    its aligned inputs. The model starts sensible: a regressor's output range is the training
+    labels' range widened by 10% each side (a classifier's logits start near 0), its monotone-input calibrators span the training inputs,
     and images are normalized with per-channel statistics of a sample of training images
     (``size`` downscales them on the device first). ``schedule``: "cosine" (warm-up, then decay
     from ``lr``) or "constant". ``log`` receives one metrics dict per epoch. ``checkpoint`` is written at
@@ -81,7 +96,8 @@ def fit_many(
 
     ``runs``: one dict per run, with keys among ``RUN_OPTIONS`` (``seed`` seeds the model's
     initialisation; ``name`` defaults to ``run<i>``); a run's missing keys take their value from
-    ``shared``, which takes :func:`fit`'s other options, the same for every run. The data (split,
+    ``shared``, which takes :func:`fit`'s other options, the same for every run (``task`` too:
+    the runs learn the same labels). The data (split,
     normalization, batch order) follows ``data_seed`` (default: the shared ``seed``), so each
     run ends exactly where ``fit(store, **shared, **run, data_seed=...)`` alone would.
 
@@ -94,8 +110,8 @@ def fit_many(
     order), not bitwise, which is why stacking is asked for rather than the default. The models
     draw no random numbers after their initialisation, so a run's training does not depend on
     the others. A run whose
-    parameters stop being finite, or whose validation RMSE has not improved for ``patience``
-    epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
+    parameters stop being finite, or whose validation RMSE (cross-entropy when classifying) has
+    not improved for ``patience`` epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
     is a folder: one checkpoint ``<name>.ckpt`` per run; ``resume`` is such a folder, every run's
     checkpoint at the same dataset position. Refused before any training (ValueError): a bad
     option (named with its run), duplicate or unsafe names, and runs whose parameters and
@@ -171,6 +187,7 @@ def _check_state_memory(
 
 __all__ = [
     "FitResult",
+    "MonotonicClassifier",
     "TrainConfig",
     "build_model",
     "check_outputs",

@@ -16,7 +16,7 @@ from torch import nn
 
 from fastload.augment import Augment
 from fastload.inspect import machine_memory, usable_cores
-from fastload.options import AMP_MODES, BACKBONES, SCHEDULES
+from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
 from fastload.store import PathLike, Store, _fspath, _is_int
 from fastload.train.checkpoint import check_checkpoint_path
 
@@ -38,11 +38,14 @@ class TrainConfig:
     resolved. ``seed`` seeds the model's initialisation and, unless ``data_seed`` is given, the
     validation split and batch order too (``data_seed`` is resolved when the config is made, so a
     ``dataclasses.replace(config, seed=...)`` keeps the data of ``config``). ``patience`` stops a
-    run after that many epochs without a new best validation RMSE."""
+    run after that many epochs without a new best validation RMSE (cross-entropy when
+    classifying). ``task`` is "regression", "classification" or None: classification when the
+    training store lists classes (``meta["class_names"]``), regression otherwise."""
 
     store: Union[Store, PathLike]
     val: Union[Store, PathLike, None] = None
     val_fraction: float = 0.1
+    task: Optional[str] = None
     epochs: int = 10
     batch_size: int = 64
     lr: float = 3e-3
@@ -72,6 +75,8 @@ class TrainConfig:
     torch_device: torch.device = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)} or None, not {self.task!r}")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, not {self.amp!r}")
         if self.schedule not in SCHEDULES:

@@ -25,6 +25,14 @@ from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.store import PathLike, Store, _fspath
 from fastload.train.checkpoint import check_same_stores, store_fingerprint
 from fastload.train.config import TrainConfig, check_batch_memory
+from fastload.train.task import (
+    CLASSIFICATION,
+    baseline,
+    check_class_labels,
+    choose_task,
+    class_names,
+    label_dtype,
+)
 
 # The output calibrator's range: the training labels' range widened by this share of its span on
 # each side, so predictions start inside the labels' range and can still reach its ends.
@@ -37,7 +45,9 @@ NORMALIZATION_SAMPLE = 512
 class TrainingData:
     """What a run trains and validates on, opened and checked: the same for every model trained
     on it. ``stores`` fingerprints them for checkpoints; ``statistics`` is the data's part of a
-    run's model config (channels, input and output ranges, normalization)."""
+    run's model config (task, channels, input ranges, output range or classes, normalization);
+    ``baseline`` what a model ignoring the images scores (``baseline_rmse`` or
+    ``baseline_accuracy``)."""
 
     train_store: Store
     val_store: Store
@@ -46,18 +56,23 @@ class TrainingData:
     train_monotone: Optional[np.ndarray]
     val_monotone: Optional[np.ndarray]
     stores: dict
-    baseline_rmse: float  # validation RMSE of always predicting the training labels' mean
+    baseline: dict
     statistics: dict
+
+    @property
+    def task(self) -> str:
+        return self.statistics["task"]
 
 
 def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
     """Opens and checks the stores and inputs of ``config``; with ``saved`` (a checkpoint being
     resumed), refuses stores other than those it was trained on."""
-    train_store = _open_regression_store(config.store, "store")
+    train_store = _open_store(config.store, "store")
+    task = choose_task(config.task, train_store)
     check_batch_memory(config.batch_size, train_store)
     val = config.val
     if val is not None:
-        val_store = _open_regression_store(val, "validation store")
+        val_store = _open_store(val, "validation store")
         if val_store.shape[2] != train_store.shape[2]:
             raise ValueError(
                 f"validation store {val_store.path} has {val_store.shape[2]} channels, "
@@ -70,6 +85,9 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         if val is None
         else {"path": str(val_store.path), "fingerprint": store_fingerprint(val_store)},
     }
+    labels = {"task": task}  # the labels' part of the statistics
+    if task == CLASSIFICATION:
+        labels["class_names"] = class_names(train_store, None if val is None else val_store)
     if saved is not None:
         check_same_stores(_fspath(config.resume), saved, stores)
     if val is not None:
@@ -104,12 +122,16 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
 
     train_labels = np.asarray(train_store.labels)[train_idx]
     val_labels = np.asarray(val_store.labels)[val_idx]
-    for what, path, labels in (
+    for what, path, values in (
         ("store", train_store.path, train_labels),
-        ("validation", val_store.path, val_labels),
+        ("validation store", val_store.path, val_labels),
     ):
-        if not np.all(np.isfinite(labels)):
+        if task == CLASSIFICATION:
+            check_class_labels(what, path, values, len(labels["class_names"]))
+        elif not np.all(np.isfinite(values)):
             raise ValueError(f"{what} {path} has NaN or infinite labels; a regression target must be finite")
+    if task != CLASSIFICATION:
+        labels["output_range"] = list(_output_range(train_labels))
     mean, std = _channel_statistics(train_store, train_idx, config.data_seed)
     return TrainingData(
         train_store=train_store,
@@ -119,11 +141,11 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         train_monotone=train_mono,
         val_monotone=val_mono,
         stores=stores,
-        baseline_rmse=float(np.sqrt(np.mean((val_labels - train_labels.mean()) ** 2))),
+        baseline=baseline(task, train_labels, val_labels),
         statistics={
             "in_channels": train_store.shape[2],
             "monotone_input_range": _column_ranges(train_mono[train_idx]) if train_mono is not None else [],
-            "output_range": list(_output_range(train_labels)),
+            **labels,
             "mean": mean,
             "std": std,
         },
@@ -178,8 +200,9 @@ class DataStream:
         augment = None
         if Augment.from_spec(config.augment).active:
             augment = Augment.from_spec(config.augment, size=config.size, seed=config.data_seed)
-        self.train_prep = BatchPreparer(device, images, data.train_monotone, augment)
-        self.val_prep = BatchPreparer(device, images, data.val_monotone)
+        labels = label_dtype(data.task)
+        self.train_prep = BatchPreparer(device, images, labels, data.train_monotone, augment)
+        self.val_prep = BatchPreparer(device, images, labels, data.val_monotone)
         self.train_loader = _make_loader(self.train_ds, config.workers, device)
         self.val_loader = _make_loader(self.val_ds, config.workers, device)
 
@@ -237,13 +260,8 @@ def load_monotone_inputs(source: Any, count: int, what: str = "monotone inputs")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def _open_regression_store(store: Union[Store, PathLike], what: str) -> Store:
+def _open_store(store: Union[Store, PathLike], what: str) -> Store:
     opened = store if isinstance(store, Store) else Store(store)
-    if opened.label_dtype != np.float64:
-        raise ValueError(
-            f"{what} {opened.path} has {opened.label_dtype} labels (class indices); regression needs "
-            "real-valued float64 labels (pack with --label-dtype float64 and a labels CSV)"
-        )
     if len(opened) == 0:
         raise ValueError(f"{what} {opened.path} holds no records")
     return opened
@@ -295,23 +313,26 @@ def prepare_images(
 
 
 class BatchPreparer:
-    """Turns a host batch (images, labels, record indices) into device tensors; the record
-    indices look up the per-record monotone inputs."""
+    """Turns a host batch (images, labels, record indices) into device tensors, the labels as
+    ``labels`` (the task's :func:`~fastload.train.task.label_dtype`); the record indices look up
+    the per-record monotone inputs."""
 
     def __init__(
         self,
         device: torch.device,
         config: dict,
+        labels: torch.dtype,
         monotone: Optional[np.ndarray],
         augment: Optional[Augment] = None,
     ):
         self.device, self.config, self.monotone, self.augment = device, config, monotone, augment
+        self.labels = labels
         self.epoch = 0  # the epoch the augmentation draws for (set by DataStream.train_epoch)
 
     def __call__(self, batch):
         images, labels, indices = batch
         x = prepare_images(images, self.config, self.device, self.augment, indices, self.epoch)
-        y = labels.to(self.device, dtype=torch.float32, non_blocking=True)
+        y = labels.to(self.device, dtype=self.labels, non_blocking=True)
         m = None
         if self.monotone is not None:
             m = torch.from_numpy(self.monotone[indices.numpy()]).to(self.device, non_blocking=True)

@@ -9,6 +9,10 @@ from typing import Optional, TextIO
 
 from fastload.store import PathLike, _fspath
 
+# Classes an epoch line shows their counts for (the JSON log has every class): all of them up to
+# this many, else this many of the least accurate.
+CLASSES_SHOWN = 10
+
 
 def format_epoch(metrics: dict) -> str:
     """One human-readable line for an epoch's metrics (or a run's early stop), led by the run's
@@ -16,17 +20,35 @@ def format_epoch(metrics: dict) -> str:
     run = f"{metrics['run']}  " if "run" in metrics else ""
     if "stopped" in metrics:
         return f"{run}stopped at step {metrics['step']}: {metrics['stopped']}"
-    line = run + (
-        f"epoch {metrics['epoch']}/{metrics['epochs']}  train loss {metrics['train_loss']:.4g}  "
-        f"val MAE {metrics['val_mae']:.4g}  RMSE {metrics['val_rmse']:.4g} "
-        f"(mean baseline {metrics['baseline_rmse']:.4g})  {metrics['images_per_s']:,.0f} img/s  "
-        f"data wait {100 * metrics['data_wait_fraction']:.1f}%"
-    )
+    line = run + f"epoch {metrics['epoch']}/{metrics['epochs']}  train loss {metrics['train_loss']:.4g}  "
+    if "val_accuracy" in metrics:
+        line += (
+            f"val loss {metrics['val_loss']:.4g}  accuracy {100 * metrics['val_accuracy']:.1f}% "
+            f"(majority baseline {100 * metrics['baseline_accuracy']:.1f}%)  "
+        )
+    else:
+        line += (
+            f"val MAE {metrics['val_mae']:.4g}  RMSE {metrics['val_rmse']:.4g} "
+            f"(mean baseline {metrics['baseline_rmse']:.4g})  "
+        )
+    line += f"{metrics['images_per_s']:,.0f} img/s  data wait {100 * metrics['data_wait_fraction']:.1f}%"
     if "gpu_max_memory_bytes" in metrics:
         line += f"  GPU memory {metrics['gpu_max_memory_bytes'] / 2**30:.2f} GiB"
     if "gpu_utilization_percent" in metrics:
         line += f"  GPU busy {metrics['gpu_utilization_percent']}%"
+    if "val_accuracy" in metrics:
+        line += "  " + _class_counts(metrics["val_correct"], metrics["val_support"])
     return line
+
+
+def _class_counts(correct: list, support: list) -> str:
+    """Correct/records per validation class: every class, or the least accurate ones."""
+    classes = list(range(len(support)))
+    shown = "correct per class"
+    if len(classes) > CLASSES_SHOWN:
+        classes = sorted(classes, key=lambda c: correct[c] / max(support[c], 1))[:CLASSES_SHOWN]
+        shown = f"least accurate {CLASSES_SHOWN} of {len(support)} classes"
+    return f"{shown}: " + " ".join(f"{c}:{correct[c]}/{support[c]}" for c in classes)
 
 
 def epoch_logger(

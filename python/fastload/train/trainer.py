@@ -26,7 +26,6 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -34,8 +33,17 @@ from fastload.monotonic import MonotonicRegressor, check_finite_parameters
 from fastload.options import BACKBONES
 from fastload.progress import Progress
 from fastload.train.checkpoint import CHECKPOINT_FORMAT, rng_state, save_atomically, set_rng_state
+from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig
 from fastload.train.data import DataStream, EpochMeter, TrainingData
+from fastload.train.task import (
+    CLASSIFICATION,
+    PATIENCE_FIGURES,
+    REGRESSION,
+    loss,
+    validation_metrics,
+    validation_sums,
+)
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 WARMUP_SHARE = 0.05  # cosine schedule: linear warm-up over this share of the steps
@@ -52,13 +60,15 @@ class FitResult:
     history: List[dict]
     steps: int
     completed: bool  # False when max_steps stopped the run before the last epoch ended
-    baseline_rmse: float  # validation RMSE of always predicting the training labels' mean
+    baseline_rmse: Optional[float]  # validation RMSE of always predicting the labels' mean (regression)
     device: str
     config: dict  # how to rebuild the model (build_model) and prepare its images (prepare_images)
     val_indices: np.ndarray  # the validation records (of the validation store when one was given)
     name: Optional[str] = None  # the run's name in a fit_many group
     stopped: Optional[str] = None  # why the run stopped before its last epoch: divergence or patience
     state_bytes: int = 0  # parameters, gradients and optimizer state the run holds
+    task: str = REGRESSION  # or "classification": history has val_loss, val_accuracy, per-class counts
+    baseline_accuracy: Optional[float] = None  # of always answering the commonest class (classification)
 
 
 class Diverged(ValueError):
@@ -98,6 +108,13 @@ class Trainer:
         self.options, self.data, self.device, self.name = config, data, config.torch_device, name
         backbone = config.backbone
         self.config = self.model_config(config, data)
+        self.task = data.task
+        saved_task = None if saved is None else saved["config"].get("task", REGRESSION)
+        if saved_task not in (None, self.task):
+            raise ValueError(
+                f"{config.resume}: the checkpoint was written by a {saved_task} run, this run is "
+                f"{self.task}; resume with task {saved_task}"
+            )
         if saved is not None and saved["config"] != self.config:
             differing = sorted(k for k in self.config if saved["config"].get(k) != self.config[k])
             raise ValueError(
@@ -161,11 +178,12 @@ class Trainer:
         patience = self.options.patience
         if patience is None or not self.history:
             return None
-        rmses = [m["val_rmse"] for m in self.history]
-        since_best = len(rmses) - 1 - rmses.index(min(rmses))
+        key, figure = PATIENCE_FIGURES[self.task]
+        values = [m[key] for m in self.history]
+        since_best = len(values) - 1 - values.index(min(values))
         if since_best < patience:
             return None
-        return f"no better validation RMSE for {since_best} epochs (patience {patience})"
+        return f"no better {figure} for {since_best} epochs (patience {patience})"
 
     def stop(self, why: str) -> None:
         """Stops this run only, reporting why to its log when it is one of a fit_many group
@@ -191,10 +209,10 @@ class Trainer:
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 pred = self.model(x, m)
-            loss = F.mse_loss(pred.float(), y)
+            step_loss = loss(self.task, pred, y)
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            self.apply_gradients(loss, len(y), meter)
+            self.scaler.scale(step_loss).backward()
+            self.apply_gradients(step_loss, len(y), meter)
         except (IndexError, RuntimeError):
             # A NaN weight makes the lattice look up a cell at index -2**63.
             self.check_finite(self.step + 1)
@@ -254,25 +272,25 @@ class Trainer:
 
     @torch.no_grad()
     def errors(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor]) -> torch.Tensor:
-        """(sum of absolute errors, sum of squared errors) of the model on one batch, float64."""
+        """The model's validation sums on one batch (:func:`~fastload.train.task.validation_sums`:
+        for regression, the sums of absolute and of squared errors), float64."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             pred = self.model(x, m)
-        err = pred.double() - y.double()
-        return torch.stack([err.abs().sum(), err.square().sum()])
+        return validation_sums(self.task, pred, y)
 
     def end_epoch(
-        self, epoch: int, meter: EpochMeter, seconds: float, val_mae: float, val_rmse: float
+        self, epoch: int, meter: EpochMeter, seconds: float, sums: torch.Tensor, count: int
     ) -> dict:
-        """Records (and logs) the metrics of a finished epoch."""
+        """Records (and logs) the metrics of a finished epoch, from the sums of :meth:`errors`
+        over its ``count`` validation records."""
         metrics = {
             **self._label(),
             "epoch": epoch + 1,
             "epochs": self.options.epochs,
             "step": self.step,
             "train_loss": meter.loss_sum.item() / max(meter.samples, 1),
-            "val_mae": val_mae,
-            "val_rmse": val_rmse,
-            "baseline_rmse": self.data.baseline_rmse,
+            **validation_metrics(self.task, sums, count),
+            **self.data.baseline,
             "images_per_s": meter.samples / seconds if seconds > 0 else 0.0,
             "data_wait_fraction": meter.wait / seconds if seconds > 0 else 0.0,
             "seconds": seconds,
@@ -293,13 +311,15 @@ class Trainer:
             self.history,
             self.step,
             completed,
-            self.data.baseline_rmse,
+            self.data.baseline.get("baseline_rmse"),
             str(self.device),
             self.config,
             self.data.val_indices,
             self.name,
             self.stopped,
             self.state_bytes,
+            self.task,
+            self.data.baseline.get("baseline_accuracy"),
         )
 
 
@@ -400,6 +420,7 @@ class StackedStep:
 
     def __init__(self, trainers: List[Trainer]):
         self.trainers: List[Trainer] = []
+        self.task = trainers[0].task  # the group's
         self._stack(trainers)
 
     def _stack(self, trainers: List[Trainer]) -> None:
@@ -417,7 +438,7 @@ class StackedStep:
                 tensor.data = tensor.data.clone()
 
     def _loss(self, params: dict, buffers: dict, x, y, m) -> torch.Tensor:
-        return F.mse_loss(functional_call(self.base, (params, buffers), (x, m)).float(), y)
+        return loss(self.task, functional_call(self.base, (params, buffers), (x, m)), y)
 
     def step(self, x, y, m, meter_of: dict) -> None:
         """One step of every running trainer of the stack. A failure (a diverged model's
@@ -476,22 +497,21 @@ def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, Epo
     for t, _ in finished:
         _guarded(t, t.check_finite)
     evaluated = [(t, meter) for t, meter in finished if t.stopped is None]
-    sums = [torch.zeros(2, dtype=torch.float64, device=stream.device) for _ in evaluated]
+    sums: List[Union[int, torch.Tensor]] = [0 for _ in evaluated]  # tensors after the first batch
     count = 0
     for t, _ in evaluated:
         t.model.eval()
     try:
         for x, y, m in stream.validation():
-            for total, (t, _) in zip(sums, evaluated):
-                total += t.errors(x, y, m)
+            for i, (t, _) in enumerate(evaluated):
+                sums[i] = sums[i] + t.errors(x, y, m)
             count += len(y)
     finally:
         for t, _ in evaluated:
             t.model.train()
     for total, (t, meter) in zip(sums, evaluated):
-        abs_sum, sq_sum = total.tolist()
         t.epoch = epoch + 1
-        t.end_epoch(epoch, meter, seconds[id(t)], abs_sum / count, math.sqrt(sq_sum / count))
+        t.end_epoch(epoch, meter, seconds[id(t)], total, count)
         _guarded(t, t.save, epoch + 1)
 
 
@@ -526,11 +546,13 @@ def learning_rate(schedule: str, lr: float, step: int, total_steps: int) -> floa
     return lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def build_model(config: dict, backbone: Union[str, nn.Module, None] = None) -> MonotonicRegressor:
-    """The regressor a run's ``config`` (as stored in its checkpoints) describes."""
-    output_min, output_max = config["output_range"]
+def build_model(
+    config: dict, backbone: Union[str, nn.Module, None] = None
+) -> Union[MonotonicRegressor, MonotonicClassifier]:
+    """The model a run's ``config`` (as stored in its checkpoints) describes: a regressor, or a
+    classifier of ``config["class_names"]`` when its task is classification."""
     ranges = [tuple(r) for r in config["monotone_input_range"]]
-    return MonotonicRegressor(
+    common = dict(
         backbone=_make_backbone(
             backbone if backbone is not None else config["backbone"],
             config["in_channels"],
@@ -541,10 +563,12 @@ def build_model(config: dict, backbone: Union[str, nn.Module, None] = None) -> M
         lattice_size=config["lattice_size"],
         in_channels=config["in_channels"],
         monotone_input_range=ranges if ranges else (0.0, 1.0),
-        output_min=output_min,
-        output_max=output_max,
         seed=config["seed"],
     )
+    if config.get("task") == CLASSIFICATION:
+        return MonotonicClassifier(len(config["class_names"]), **common)
+    output_min, output_max = config["output_range"]
+    return MonotonicRegressor(output_min=output_min, output_max=output_max, **common)
 
 
 def _make_backbone(backbone: Union[str, nn.Module, None], in_channels: int, num_features: int):

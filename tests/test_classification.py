@@ -1,0 +1,328 @@
+"""Classification in `fit`, `fit_many` and `fastload train`: which task a store's labels get,
+what classifying refuses, learning, the monotone classifier head, runs equal to their runs alone,
+and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fastload
+from fastload import cli
+from fastload.monotonic import check_monotone
+from fastload.store import Store, StoreWriter
+from fastload.train import MonotonicClassifier, build_model, fit, format_epoch, prepare_images
+
+SIDE, PER_CLASS = 8, 16
+COLORS = {"blue": (40, 60, 210), "green": (50, 200, 60), "red": (210, 50, 40)}  # sorted: class order
+FAST = dict(batch_size=8, lr=3e-2, device="cpu", threads=1, progress=False, val_fraction=0.25)
+SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True, progress=False)
+
+
+def _colored(color, count: int, rng) -> np.ndarray:
+    noise = rng.normal(0, 30, (count, SIDE, SIDE, 3))
+    return (np.array(color) + noise).clip(0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Class folders of tiny noisy images, one colour per class, and a CSV of whole numbers
+    (an 'age' per image) for the same files."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("classes") / "photos"
+    rng = np.random.default_rng(0)
+    rows = ["path,label"]
+    for name, color in COLORS.items():
+        (root / name).mkdir(parents=True)
+        for i, pixels in enumerate(_colored(color, PER_CLASS, rng)):
+            Image.fromarray(pixels).save(root / name / f"{i:02d}.png")
+            rows.append(f"{name}/{i:02d}.png,{20 + int(rng.integers(0, 60))}")
+    (root.parent / "ages.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def class_store(folders):
+    path = folders.parent / "colors.fastload"
+    fastload.pack(folders, path, size=SIDE, quiet=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ages_store(folders):
+    path = folders.parent / "ages.fastload"
+    fastload.pack(folders, path, size=SIDE, labels=folders.parent / "ages.csv", quiet=True)
+    return path
+
+
+def _store(path, labels, meta=None, label_dtype="int64"):
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (len(labels), SIDE, SIDE, 3), dtype=np.uint8)
+    with StoreWriter(path, (SIDE, SIDE, 3), label_dtype=label_dtype, meta=meta) as writer:
+        writer.extend(images, np.asarray(labels))
+    return path
+
+
+# ---------------------------------------------------------------- which task
+
+
+def test_a_store_of_class_folders_is_classified_and_learns(class_store):
+    logged = []
+    result = fit(class_store, epochs=3, log=logged.append, **FAST)
+    assert Store(class_store).label_dtype == np.int64
+    assert result.task == "classification" and result.config["class_names"] == ["blue", "green", "red"]
+    assert result.baseline_rmse is None and logged == result.history
+    assert isinstance(result.model, MonotonicClassifier) and result.model.num_classes == 3
+    for metrics in result.history:
+        assert "val_rmse" not in metrics
+        assert sum(metrics["val_support"]) == len(result.val_indices) == 12
+        assert metrics["val_accuracy"] == sum(metrics["val_correct"]) / 12
+        assert all(0 <= c <= s for c, s in zip(metrics["val_correct"], metrics["val_support"]))
+    labels = np.asarray(Store(class_store).labels)
+    assert result.history[0]["val_support"] == np.bincount(labels[result.val_indices], minlength=3).tolist()
+    last = result.history[-1]
+    # Colours are easy: clearly above always answering the training split's commonest class.
+    assert result.baseline_accuracy == last["baseline_accuracy"] <= 0.5
+    assert last["val_accuracy"] >= 0.9 and last["val_loss"] < result.history[0]["train_loss"]
+
+
+def test_whole_number_csv_labels_are_regressed_as_numbers(ages_store):
+    store = Store(ages_store)
+    assert store.label_dtype == np.int64 and "class_names" not in store.meta
+    result = fit(ages_store, epochs=1, **FAST)
+    assert result.task == "regression" and result.baseline_rmse > 0 and result.baseline_accuracy is None
+    low, high = result.config["output_range"]
+    assert low < np.asarray(store.labels).min() and high > np.asarray(store.labels).max()
+    assert np.isfinite(result.history[0]["val_rmse"])
+
+
+def test_class_folders_can_be_regressed_when_asked(class_store):
+    result = fit(class_store, task="regression", epochs=1, **FAST)
+    assert result.task == "regression" and "val_rmse" in result.history[0]
+
+
+def test_whole_numbers_classified_when_asked_make_classes_up_to_the_largest(ages_store):
+    largest = int(np.asarray(Store(ages_store).labels).max())
+    with pytest.warns(UserWarning, match=rf"lists no class names: .* {largest + 1} classes, 0 to {largest}"):
+        result = fit(ages_store, task="classification", epochs=1, **FAST)
+    assert result.config["class_names"] == [str(i) for i in range(largest + 1)]
+    assert result.model.num_classes == largest + 1 and len(result.history[0]["val_support"]) == largest + 1
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_classifying_real_valued_labels_is_refused(tmp_path):
+    path = _store(tmp_path / "f.fl", [0.5, 1.5, 2.0, 3.0], label_dtype="float64")
+    with pytest.raises(ValueError, match=r"float64 labels; classification needs int64 class indices"):
+        fit(path, task="classification", **FAST)
+
+
+@pytest.mark.parametrize(
+    "labels, shown", [([0, 1, 2, 1, 0, 1, 0, 1], "2"), ([0, 1, -1, 1, 0, 1, 0, 1], "-1")]
+)
+def test_labels_outside_the_classes_are_refused(tmp_path, labels, shown):
+    path = _store(tmp_path / "s.fl", labels, meta={"class_names": ["cat", "dog"]})
+    with pytest.raises(ValueError, match=rf"has labels outside \[0, 2\) \({shown}\)"):
+        fit(path, **FAST)
+
+
+def test_a_validation_store_of_other_classes_is_refused(tmp_path, class_store):
+    other = _store(tmp_path / "v.fl", [0, 1, 0, 1], meta={"class_names": ["cat", "dog"]})
+    with pytest.raises(ValueError, match=r"lists 2 classes \(cat, dog\), the training store .* 3 classes"):
+        fit(class_store, val=other, **FAST)
+    unnamed = _store(tmp_path / "u.fl", [0, 1, 2, 1])
+    with pytest.raises(ValueError, match=r"lists no classes, the training store"):
+        fit(class_store, val=unnamed, **FAST)
+    real = _store(tmp_path / "r.fl", [0.0, 1.0], label_dtype="float64")
+    with pytest.raises(ValueError, match=r"validation store .* float64 labels"):
+        fit(class_store, val=real, **FAST)
+
+
+def test_labels_too_large_to_be_class_indices_are_refused(tmp_path):
+    path = _store(tmp_path / "big.fl", [0, 5, 1_000_000, 3])
+    with pytest.raises(ValueError, match=r"labels up to 1,000,000: .* use task regression"):
+        fit(path, task="classification", **FAST)
+
+
+def test_resume_with_another_task_is_refused(class_store, tmp_path):
+    ckpt = tmp_path / "run.ckpt"
+    fit(class_store, checkpoint=ckpt, max_steps=1, **FAST)
+    with pytest.raises(ValueError, match=r"written by a classification run, this run is regression"):
+        fit(class_store, resume=ckpt, task="regression", **FAST)
+
+
+def test_bad_task_and_a_task_per_run_are_refused(class_store):
+    with pytest.raises(ValueError, match=r"task must be one of regression, classification or None"):
+        fit(class_store, task="ranking", **FAST)
+    with pytest.raises(ValueError, match="run a: task cannot differ between runs"):
+        fastload.fit_many(class_store, [dict(name="a", task="regression")], **FAST)
+
+
+# ---------------------------------------------------------------- the monotone classifier head
+
+
+def test_every_class_logit_of_a_trained_model_is_monotone_in_its_inputs(class_store, tmp_path):
+    rng = np.random.default_rng(2)
+    inputs = rng.uniform(0, 1, (len(Store(class_store)), 2)).astype(np.float32)
+    np.save(tmp_path / "m.npy", inputs)
+    result = fit(class_store, monotone_inputs=tmp_path / "m.npy", epochs=2, **FAST)
+    images, _ = Store(class_store).gather(np.arange(24))
+    x = prepare_images(torch.from_numpy(images), result.config, "cpu")
+    logits = result.model(x, torch.from_numpy(inputs[:24]))
+    assert logits.shape == (24, 3)
+    # Two monotone inputs: exact in the first, within rounding (fastload.monotonic) in the second.
+    assert check_monotone(result.model, x, torch.from_numpy(inputs[:24])) <= 1e-5
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    classes=st.integers(2, 4),
+    features=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+    scale=st.floats(0.1, 5.0),
+)
+def test_any_classifier_is_monotone_in_each_logit(classes, features, seed, scale):
+    """Whatever its parameters (a training run could leave any), every logit is non-decreasing
+    in a monotone input, exactly: with one monotone input each lattice is exact under rounding."""
+    torch.manual_seed(seed)
+    model = MonotonicClassifier(classes, num_features=features, monotone_inputs=1, in_channels=3, seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    images = torch.randn(6, 3, SIDE, SIDE)
+    inputs = torch.rand(6, 1)
+    assert check_monotone(model, images, inputs, num_steps=16) == 0.0
+
+
+def test_build_model_rebuilds_the_classifier_from_its_config(class_store):
+    result = fit(class_store, epochs=1, **FAST)
+    rebuilt = build_model(result.config)
+    rebuilt.load_state_dict(result.model.state_dict())
+    x = torch.randn(4, 3, SIDE, SIDE)
+    result.model.eval()
+    rebuilt.eval()
+    assert torch.equal(rebuilt(x), result.model(x))
+
+
+# ---------------------------------------------------------------- several runs
+
+
+RUNS = [dict(name="slow", lr=1e-3, seed=0), dict(name="fast", lr=3e-2, seed=1, schedule="constant")]
+
+
+def _assert_same_parameters(a, b):
+    a, b = a.state_dict(), b.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_classification_runs_end_where_they_would_alone(class_store):
+    runs = RUNS + [dict(name="narrow", num_features=4, seed=2)]
+    results = fastload.fit_many(class_store, runs, seed=5, **SHARED)
+    for run, result in zip(runs, results):
+        alone = fit(class_store, data_seed=5, **{k: v for k, v in run.items() if k != "name"}, **SHARED)
+        _assert_same_parameters(result.model, alone.model)
+        assert result.task == "classification"
+        assert [m["val_loss"] for m in result.history] == [m["val_loss"] for m in alone.history]
+        assert [m["val_correct"] for m in result.history] == [m["val_correct"] for m in alone.history]
+
+
+def test_stacked_classification_runs_end_close_to_the_runs_alone(class_store):
+    results = fastload.fit_many(class_store, RUNS, stack=True, **SHARED)
+    for run, result in zip(RUNS, results):
+        alone = fit(class_store, data_seed=0, **{k: v for k, v in run.items() if k != "name"}, **SHARED)
+        a, b = result.model.state_dict(), alone.model.state_dict()
+        for name in a:
+            torch.testing.assert_close(a[name].double(), b[name].double(), rtol=1e-3, atol=1e-4, msg=name)
+        np.testing.assert_allclose(
+            [m["val_loss"] for m in result.history], [m["val_loss"] for m in alone.history], rtol=1e-3
+        )
+
+
+# ---------------------------------------------------------------- reports and the command line
+
+
+def test_an_epoch_line_shows_accuracy_and_the_counts_of_the_least_accurate_classes():
+    metrics = {
+        "epoch": 1,
+        "epochs": 2,
+        "train_loss": 1.0,
+        "val_loss": 0.5,
+        "val_accuracy": 0.75,
+        "baseline_accuracy": 0.25,
+        "val_support": [4] * 12,
+        "val_correct": [4, 3, 0, 4, 4, 4, 1, 4, 4, 4, 4, 4],
+        "images_per_s": 100.0,
+        "data_wait_fraction": 0.0,
+    }
+    line = format_epoch(metrics)
+    assert "val loss 0.5  accuracy 75.0% (majority baseline 25.0%)" in line
+    assert "least accurate 10 of 12 classes: 2:0/4 6:1/4 1:3/4 0:4/4" in line
+    few = format_epoch({**metrics, "val_support": [4, 4], "val_correct": [3, 1]})
+    assert few.endswith("correct per class: 0:3/4 1:1/4")
+
+
+CLI_SHARED = [
+    "--epochs",
+    "2",
+    "--batch-size",
+    "8",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--val-fraction",
+    "0.25",
+]
+
+
+def test_cli_runs_print_accuracy_and_a_table_best_accuracy_first(class_store, capsys):
+    argv = ["train", str(class_store), "--runs", "2", "--lr", "1e-4,3e-2", "--seed", "0,1"]
+    assert cli.main(argv + CLI_SHARED) == 0
+    out = capsys.readouterr().out.splitlines()
+    epochs = [line for line in out if " epoch " in line]
+    assert len(epochs) == 4 and all("accuracy" in line and "correct per class: 0:" in line for line in epochs)
+    table = out[len(epochs) :]
+    assert table[0].split() == [
+        "run",
+        "options",
+        "val",
+        "loss",
+        "val",
+        "accuracy",
+        "steps",
+        "state",
+        "MB",
+        "status",
+    ]
+    accuracies = [float(row.split()[4].rstrip("%")) for row in table[1:]]
+    assert len(accuracies) == 2 and accuracies == sorted(accuracies, reverse=True)
+
+
+def test_cli_task_flag_and_json_lines(ages_store, capsys):
+    argv = ["train", str(ages_store), "--task", "classification", "--json"] + CLI_SHARED
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"fastload train: warning: store {ages_store} lists no class names")
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert [m["epoch"] for m in lines] == [1, 2]
+    assert {"val_loss", "val_accuracy", "val_support", "val_correct", "baseline_accuracy"} <= lines[0].keys()
+
+
+def test_cli_help_says_which_labels_each_task_takes(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "regression takes float64 labels, or int64 ones" in help_text
+    assert "classification takes int64 class indices" in help_text
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["train", "s.fl", "--task", "ranking"])
+    assert usage.value.code == 2
