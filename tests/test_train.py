@@ -104,6 +104,23 @@ def test_resume_gives_identical_parameters(stop_after, straight_run, store_path,
         ]
 
 
+def test_a_checkpoint_from_before_tasks_resumes_as_the_regression_it_was(
+    straight_run, store_path, exposure_path, tmp_path
+):
+    """Checkpoints written before classification existed have no "task" in their config."""
+    options = dict(epochs=2, monotone_inputs=exposure_path, deterministic=True, **FAST)
+    ckpt = tmp_path / "old.ckpt"
+    fit(store_path, checkpoint=ckpt, max_steps=STEPS_PER_EPOCH + 3, **options)
+    old = torch.load(ckpt, weights_only=True)
+    del old["config"]["task"]
+    torch.save(old, ckpt)
+    resumed = fit(store_path, resume=ckpt, checkpoint=ckpt, **options)
+    assert resumed.task == "regression" and resumed.steps == straight_run.steps
+    a, b = _parameters(straight_run.model), _parameters(resumed.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert torch.load(ckpt, weights_only=True)["config"]["task"] == "regression"
+
+
 def test_worker_processes_train_the_same_model(store_path):
     # The epoch order depends on (seed, epoch) only, never on the number of workers.
     options = dict(epochs=1, deterministic=True, **FAST)
