@@ -13,7 +13,8 @@ import torch
 from fastload import cli
 from fastload.monotonic import check_monotone
 from fastload.store import Store, StoreWriter
-from fastload.train import fit, prepare_images
+from fastload.train import TrainConfig, fit, prepare_images
+from fastload.train.data import DataStream, open_data
 
 COUNT, SIDE = 200, 16
 # One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region
@@ -243,3 +244,80 @@ def test_augmented_training_is_deterministic_and_a_bad_spec_is_refused(tmp_path)
     with pytest.raises(SystemExit) as usage:
         cli.main(["train", str(path), "--augment", "spin"])
     assert usage.value.code == 2
+
+
+# ---------------------------------------------------------------- a last batch of one record
+
+# 81 training records in batches of 8 leave one record over, and 8x8 images leave the small CNN's
+# last BatchNorm one value per channel: a batch of that record alone cannot be trained on.
+LONE_COUNT, LONE_SIDE, LONE_STEPS = 90, 8, 10
+LONE = dict(batch_size=8, device="cpu", threads=1, deterministic=True, progress=False)
+
+
+@pytest.fixture(scope="module")
+def lone_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lone") / "lone.fastload"
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (LONE_COUNT, LONE_SIDE, LONE_SIDE, 3), dtype=np.uint8)
+    with StoreWriter(path, (LONE_SIDE, LONE_SIDE, 3)) as writer:
+        writer.extend(images, images.reshape(LONE_COUNT, -1).mean(1) / 255.0)
+    return path
+
+
+def _epoch_records(path, epochs):
+    """The records of each training batch of each epoch, as fit's stream cuts them."""
+    config = TrainConfig(path, **LONE)
+    data = open_data(config, None)
+    stream = DataStream(config, data)
+    epochs_seen = []
+    for epoch in range(epochs):
+        stream.train_ds.set_epoch(epoch)
+        epochs_seen.append([indices.tolist() for _, _, indices in stream.train_ds])
+    return data.train_indices, epochs_seen
+
+
+def test_a_lone_last_record_stays_out_of_its_epoch_another_one_each_epoch(lone_path):
+    train_indices, epochs = _epoch_records(lone_path, 3)
+    left_out = []
+    for batches in epochs:
+        assert [len(b) for b in batches] == [8] * LONE_STEPS
+        seen = sum(batches, [])
+        (missing,) = set(train_indices.tolist()) - set(seen)
+        left_out.append(missing)
+    assert len(set(left_out)) > 1  # the epoch's order decides which one
+    assert _epoch_records(lone_path, 3)[1] == epochs  # and it is the same on every run
+
+
+@pytest.fixture(scope="module")
+def lone_straight_run(lone_path):
+    return fit(lone_path, epochs=2, **LONE)
+
+
+def test_fit_trains_a_store_whose_last_batch_would_hold_one_record(lone_straight_run):
+    assert lone_straight_run.completed and lone_straight_run.steps == 2 * LONE_STEPS
+    assert all(math.isfinite(m["val_rmse"]) for m in lone_straight_run.history)
+
+
+# In the middle of epoch 2, and after epoch 1's last batch but before its validation.
+@pytest.mark.parametrize("stop_after", [LONE_STEPS + 4, LONE_STEPS])
+def test_resume_past_a_dropped_record_gives_identical_parameters(
+    lone_straight_run, lone_path, tmp_path, stop_after
+):
+    ckpt = tmp_path / "run.ckpt"
+    fit(lone_path, epochs=2, checkpoint=ckpt, max_steps=stop_after, **LONE)
+    resumed = fit(lone_path, epochs=2, resume=ckpt, **LONE)
+    assert resumed.steps == lone_straight_run.steps
+    a, b = _parameters(lone_straight_run.model), _parameters(resumed.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_cli_trains_a_store_whose_last_batch_would_hold_one_record(lone_path, capsys):
+    argv = ["train", os.fspath(lone_path), "--epochs", "1", "--batch-size", "8", "--device", "cpu"]
+    assert cli.main(argv + ["--threads", "1", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["step"] == LONE_STEPS
+
+
+def test_a_training_split_of_one_record_is_refused(lone_path):
+    with pytest.raises(ValueError, match="1 training record.* batches of one record"):
+        fit(lone_path, **{**LONE, "val_fraction": (LONE_COUNT - 1) / LONE_COUNT})
