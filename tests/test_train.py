@@ -23,11 +23,11 @@ FAST = dict(batch_size=16, lr=3e-2, device="cpu", threads=1)
 STEPS_PER_EPOCH = math.ceil(180 / 16)  # 10% of the 200 records are held out for validation
 
 
-def _images_and_labels(seed: int = 0):
+def _images_and_labels(seed: int = 0, count: int = COUNT, side: int = SIDE):
     rng = np.random.default_rng(seed)
-    gain = rng.uniform(0.1, 1.0, COUNT)
-    images = (rng.uniform(0, 255, (COUNT, SIDE, SIDE, 3)) * gain[:, None, None, None]).astype(np.uint8)
-    return images, images.reshape(COUNT, -1).mean(1) / 255.0  # label: mean brightness
+    gain = rng.uniform(0.1, 1.0, count)
+    images = (rng.uniform(0, 255, (count, side, side, 3)) * gain[:, None, None, None]).astype(np.uint8)
+    return images, images.reshape(count, -1).mean(1) / 255.0  # label: mean brightness
 
 
 @pytest.fixture(scope="module")
@@ -257,10 +257,9 @@ LONE = dict(batch_size=8, device="cpu", threads=1, deterministic=True, progress=
 @pytest.fixture(scope="module")
 def lone_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("lone") / "lone.fastload"
-    rng = np.random.default_rng(3)
-    images = rng.integers(0, 256, (LONE_COUNT, LONE_SIDE, LONE_SIDE, 3), dtype=np.uint8)
-    with StoreWriter(path, (LONE_SIDE, LONE_SIDE, 3)) as writer:
-        writer.extend(images, images.reshape(LONE_COUNT, -1).mean(1) / 255.0)
+    images, labels = _images_and_labels(3, LONE_COUNT, LONE_SIDE)
+    with StoreWriter(path, images.shape[1:]) as writer:
+        writer.extend(images, labels)
     return path
 
 
