@@ -247,6 +247,18 @@ def test_stacked_classification_runs_end_close_to_the_runs_alone(class_store):
         )
 
 
+def test_a_lone_last_record_leaves_classification_its_other_batches(tmp_path):
+    """81 training records in batches of 8: the last, alone, would fail BatchNorm; it stays out
+    of its epoch, the same for a run alone and in a group."""
+    meta = {"class_names": ["a", "b", "c"]}
+    path = _store(tmp_path / "lone.fastload", np.arange(90) % 3, meta=meta)
+    shared = {**SHARED, "val_fraction": 0.1}
+    alone = fit(path, **shared)
+    assert alone.task == "classification" and alone.completed and alone.steps == 2 * 10
+    (grouped,) = fastload.fit_many(path, [dict(name="only")], **shared)
+    _assert_same_parameters(grouped.model, alone.model)
+
+
 # ---------------------------------------------------------------- reports and the command line
 
 

@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
@@ -165,7 +165,7 @@ def test_drop_last(store_path, drop_last):
     batches = epoch(ds)
     sizes = [len(b) for b in batches]
     assert sizes == ([10] * 5 if drop_last else [10] * 5 + [3])
-    assert len(ds) == len(batches)
+    assert len(ds) == len(batches) and ds.last_batch_size == sizes[-1]
     assert len(set(sum(batches, []))) == sum(sizes)
 
 
@@ -228,11 +228,28 @@ def test_rank_plans_cut_the_epoch_into_consecutive_runs(
         world_size * batch_size * (count // (world_size * batch_size)) if drop_last else len(padded)
     )
     for plan in plans:
+        assert plan.last == (len(plan.batch(padded, len(plan) - 1)) if len(plan) else 0)
         ks = range(start, len(plan), workers)
         records, bounds = plan.batches(padded, ks)
         assert records.dtype == np.int64 and len(bounds) == len(ks) + 1 and bounds[-1] == len(records)
         for j, k in enumerate(ks):
             np.testing.assert_array_equal(records[bounds[j] : bounds[j + 1]], plan.batch(padded, k))
+
+
+@given(count=st.integers(1, 80), batch_size=st.integers(2, 9), world_size=st.integers(1, 5))
+def test_dropping_a_lone_last_record_keeps_every_other_batch(count, batch_size, world_size):
+    """What training relies on to keep batches of one record from BatchNorm: where each rank's
+    last batch holds one record, drop_last drops just those (one per rank at most) and every
+    rank's other batches stay the same records."""
+    kept = [RankPlan(count, batch_size, r, world_size, drop_last=False) for r in range(world_size)]
+    assume(kept[0].last == 1)
+    dropped = [RankPlan(count, batch_size, r, world_size, drop_last=True) for r in range(world_size)]
+    order = np.arange(100, 100 + count)
+    for plan, without in zip(kept, dropped):
+        assert len(without) == len(plan) - 1
+        for k in range(len(without)):
+            np.testing.assert_array_equal(without.batch(order, k), plan.batch(plan.pad(order), k))
+    assert count - world_size <= len(dropped[0]) * batch_size * world_size < count
 
 
 def test_batches_equal_store_gather(store_path):

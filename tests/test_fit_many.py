@@ -263,6 +263,23 @@ def test_stacked_runs_end_close_to_the_runs_alone(store_path, monkeypatch):
     assert not set(first) & set(second)
 
 
+def test_runs_on_a_store_with_a_lone_last_record_see_the_same_batches(tmp_path):
+    """17 training records in batches of 8: the 17th would be a batch alone, which BatchNorm
+    cannot train on, stacked or not; every run leaves out the same one, as it would alone."""
+    path = tmp_path / "lone.fastload"
+    rng = np.random.default_rng(2)
+    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
+        writer.extend(rng.integers(0, 256, (19, SIDE, SIDE, 3), dtype=np.uint8), rng.random(19))
+    runs = RUNS[:2]
+    results = fastload.fit_many(path, runs, **SHARED)
+    stacked = fastload.fit_many(path, runs, stack=True, **SHARED)
+    for run, result, in_stack in zip(runs, results, stacked):
+        alone = fit(path, data_seed=0, **{k: v for k, v in run.items() if k != "name"}, **SHARED)
+        assert result.steps == in_stack.steps == alone.steps == 2 * 2
+        _assert_same_parameters(result.model, alone.model)
+        _assert_close_parameters(in_stack.model, alone.model)
+
+
 def test_a_diverging_run_leaves_its_stack(store_path, monkeypatch):
     monkeypatch.setattr(train_config, "MAX_LR", 1e31)
     runs = [dict(name="good", lr=3e-3), dict(name="bad", lr=1e30), dict(name="also-good", lr=1e-2, seed=1)]

@@ -13,7 +13,8 @@ import torch
 from fastload import cli
 from fastload.monotonic import check_monotone
 from fastload.store import Store, StoreWriter
-from fastload.train import fit, prepare_images
+from fastload.train import TrainConfig, fit, prepare_images
+from fastload.train.data import DataStream, open_data
 
 COUNT, SIDE = 200, 16
 # One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region
@@ -22,11 +23,11 @@ FAST = dict(batch_size=16, lr=3e-2, device="cpu", threads=1)
 STEPS_PER_EPOCH = math.ceil(180 / 16)  # 10% of the 200 records are held out for validation
 
 
-def _images_and_labels(seed: int = 0):
+def _images_and_labels(seed: int = 0, count: int = COUNT, side: int = SIDE):
     rng = np.random.default_rng(seed)
-    gain = rng.uniform(0.1, 1.0, COUNT)
-    images = (rng.uniform(0, 255, (COUNT, SIDE, SIDE, 3)) * gain[:, None, None, None]).astype(np.uint8)
-    return images, images.reshape(COUNT, -1).mean(1) / 255.0  # label: mean brightness
+    gain = rng.uniform(0.1, 1.0, count)
+    images = (rng.uniform(0, 255, (count, side, side, 3)) * gain[:, None, None, None]).astype(np.uint8)
+    return images, images.reshape(count, -1).mean(1) / 255.0  # label: mean brightness
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,23 @@ def test_resume_gives_identical_parameters(stop_after, straight_run, store_path,
         assert [straight[k] for k in ("train_loss", "val_rmse", "val_mae")] == [
             again[k] for k in ("train_loss", "val_rmse", "val_mae")
         ]
+
+
+def test_a_checkpoint_from_before_tasks_resumes_as_the_regression_it_was(
+    straight_run, store_path, exposure_path, tmp_path
+):
+    """Checkpoints written before classification existed have no "task" in their config."""
+    options = dict(epochs=2, monotone_inputs=exposure_path, deterministic=True, **FAST)
+    ckpt = tmp_path / "old.ckpt"
+    fit(store_path, checkpoint=ckpt, max_steps=STEPS_PER_EPOCH + 3, **options)
+    old = torch.load(ckpt, weights_only=True)
+    del old["config"]["task"]
+    torch.save(old, ckpt)
+    resumed = fit(store_path, resume=ckpt, checkpoint=ckpt, **options)
+    assert resumed.task == "regression" and resumed.steps == straight_run.steps
+    a, b = _parameters(straight_run.model), _parameters(resumed.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert torch.load(ckpt, weights_only=True)["config"]["task"] == "regression"
 
 
 def test_worker_processes_train_the_same_model(store_path):
@@ -226,3 +244,79 @@ def test_augmented_training_is_deterministic_and_a_bad_spec_is_refused(tmp_path)
     with pytest.raises(SystemExit) as usage:
         cli.main(["train", str(path), "--augment", "spin"])
     assert usage.value.code == 2
+
+
+# ---------------------------------------------------------------- a last batch of one record
+
+# 81 training records in batches of 8 leave one record over, and 8x8 images leave the small CNN's
+# last BatchNorm one value per channel: a batch of that record alone cannot be trained on.
+LONE_COUNT, LONE_SIDE, LONE_STEPS = 90, 8, 10
+LONE = dict(batch_size=8, device="cpu", threads=1, deterministic=True, progress=False)
+
+
+@pytest.fixture(scope="module")
+def lone_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lone") / "lone.fastload"
+    images, labels = _images_and_labels(3, LONE_COUNT, LONE_SIDE)
+    with StoreWriter(path, images.shape[1:]) as writer:
+        writer.extend(images, labels)
+    return path
+
+
+def _epoch_records(path, epochs):
+    """The records of each training batch of each epoch, as fit's stream cuts them."""
+    config = TrainConfig(path, **LONE)
+    data = open_data(config, None)
+    stream = DataStream(config, data)
+    epochs_seen = []
+    for epoch in range(epochs):
+        stream.train_ds.set_epoch(epoch)
+        epochs_seen.append([indices.tolist() for _, _, indices in stream.train_ds])
+    return data.train_indices, epochs_seen
+
+
+def test_a_lone_last_record_stays_out_of_its_epoch_another_one_each_epoch(lone_path):
+    train_indices, epochs = _epoch_records(lone_path, 3)
+    left_out = []
+    for batches in epochs:
+        assert [len(b) for b in batches] == [8] * LONE_STEPS
+        seen = sum(batches, [])
+        (missing,) = set(train_indices.tolist()) - set(seen)
+        left_out.append(missing)
+    assert len(set(left_out)) > 1  # the epoch's order decides which one
+    assert _epoch_records(lone_path, 3)[1] == epochs  # and it is the same on every run
+
+
+@pytest.fixture(scope="module")
+def lone_straight_run(lone_path):
+    return fit(lone_path, epochs=2, **LONE)
+
+
+def test_fit_trains_a_store_whose_last_batch_would_hold_one_record(lone_straight_run):
+    assert lone_straight_run.completed and lone_straight_run.steps == 2 * LONE_STEPS
+    assert all(math.isfinite(m["val_rmse"]) for m in lone_straight_run.history)
+
+
+# In the middle of epoch 2, and after epoch 1's last batch but before its validation.
+@pytest.mark.parametrize("stop_after", [LONE_STEPS + 4, LONE_STEPS])
+def test_resume_past_a_dropped_record_gives_identical_parameters(
+    lone_straight_run, lone_path, tmp_path, stop_after
+):
+    ckpt = tmp_path / "run.ckpt"
+    fit(lone_path, epochs=2, checkpoint=ckpt, max_steps=stop_after, **LONE)
+    resumed = fit(lone_path, epochs=2, resume=ckpt, **LONE)
+    assert resumed.steps == lone_straight_run.steps
+    a, b = _parameters(lone_straight_run.model), _parameters(resumed.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_cli_trains_a_store_whose_last_batch_would_hold_one_record(lone_path, capsys):
+    argv = ["train", os.fspath(lone_path), "--epochs", "1", "--batch-size", "8", "--device", "cpu"]
+    assert cli.main(argv + ["--threads", "1", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["step"] == LONE_STEPS
+
+
+def test_a_training_split_of_one_record_is_refused(lone_path):
+    with pytest.raises(ValueError, match="1 training record.* batches of one record"):
+        fit(lone_path, **{**LONE, "val_fraction": (LONE_COUNT - 1) / LONE_COUNT})

@@ -152,6 +152,12 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def __len__(self) -> int:
         return len(self._plan)
 
+    @property
+    def last_batch_size(self) -> int:
+        """Records in this rank's last batch of an epoch (0 when it has none): the only batch
+        that can hold fewer than `batch_size`. The same on every rank."""
+        return self._plan.last
+
     def __repr__(self) -> str:
         return (
             f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "

@@ -87,6 +87,11 @@ class RankPlan:
         """Records in this rank's largest batch: what a batch buffer must hold."""
         return self.batch_size if self.full else self.tail
 
+    @property
+    def last(self) -> int:
+        """Records in this rank's last batch (0 when it has none)."""
+        return self.tail or (self.batch_size if self.full else 0)
+
     def batch(self, order: np.ndarray, k: int) -> np.ndarray:
         """Record numbers of this rank's k-th batch; `order` is padded to `self.padded` records."""
         return self.batches(order, range(k, k + 1))[0]

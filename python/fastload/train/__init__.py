@@ -65,7 +65,12 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
     labels' range widened by 10% each side (a classifier's logits start near 0), its monotone-input calibrators span the training inputs,
     and images are normalized with per-channel statistics of a sample of training images
     (``size`` downscales them on the device first). ``schedule``: "cosine" (warm-up, then decay
-    from ``lr``) or "constant". ``log`` receives one metrics dict per epoch. ``checkpoint`` is written at
+    from ``lr``) or "constant". Each epoch trains on the training records in a fresh order
+    (from ``data_seed`` and the epoch), in batches of ``batch_size``, the last one smaller; when
+    that last one would hold a single record, which BatchNorm cannot train on, that record (the
+    epoch's last, so another one each epoch) sits the epoch out: every run on the same data
+    leaves out the same one, and a resume continues the same batches. A training split of a
+    single record is refused; ``batch_size=1`` is taken as asked. ``log`` receives one metrics dict per epoch. ``checkpoint`` is written at
     every epoch end, every ``checkpoint_every`` steps and when ``max_steps`` stops the run;
     ``resume`` continues from one. ``deterministic`` turns on
     ``torch.use_deterministic_algorithms`` for the call. ``threads`` sets torch's CPU threads

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fastload.store import PathLike, Store, _fspath
+from fastload.train.task import REGRESSION
 
 CHECKPOINT_FORMAT = "fastload-train-checkpoint-1"
 PARTIAL_SUFFIX = ".fastload-partial"  # as the store writer's temporary files
@@ -148,6 +149,9 @@ def check_same_stores(resume: str, saved: dict, stores: dict) -> None:
 
 
 def load_checkpoint(path: PathLike) -> dict:
+    """The checkpoint at ``path``, its config completed as a current one reads: a config without
+    a ``task`` (written before classification existed, when every run was a regression) gets
+    ``"task": "regression"``, so it resumes as the run it was."""
     path = _fspath(path, "resume")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -157,6 +161,7 @@ def load_checkpoint(path: PathLike) -> dict:
         raise ValueError(f"{path}: not a readable fastload training checkpoint ({exc})") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a fastload training checkpoint ({CHECKPOINT_FORMAT})")
+    checkpoint["config"] = {"task": REGRESSION, **checkpoint["config"]}
     return checkpoint
 
 

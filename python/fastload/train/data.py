@@ -181,16 +181,27 @@ class EpochMeter:
 class DataStream:
     """The batches of one run, on the device: the training and validation datasets, their
     loaders, and the time spent waiting for them. One stream can feed several models, each
-    step's device batch shared by all of them."""
+    step's device batch shared by all of them. Unless ``batch_size`` is 1, no training batch
+    holds a single record (where the epoch's last would, that record sits the epoch out),
+    whatever the models, so runs with and without BatchNorm see the same batches."""
 
     def __init__(self, config: TrainConfig, data: TrainingData):
         self.device = device = config.torch_device
         # Pinned host buffers only pay off when batches go to a GPU.
         loading = {"return_indices": True, "pin_memory": device.type == "cuda"}
         size = config.batch_size
-        self.train_ds = FastLoadDataset(
-            data.train_store, size, seed=config.data_seed, indices=data.train_indices, **loading
-        )
+        training = dict(seed=config.data_seed, indices=data.train_indices, **loading)
+        self.train_ds = FastLoadDataset(data.train_store, size, **training)
+        if size > 1 and self.train_ds.last_batch_size == 1:
+            # BatchNorm cannot train on a batch of one record: drop_last then drops just the
+            # epoch's last record (one per rank), another one each epoch.
+            self.train_ds = FastLoadDataset(data.train_store, size, drop_last=True, **training)
+            if len(self.train_ds) == 0:
+                raise ValueError(
+                    f"{len(data.train_indices)} training record(s) in {data.train_store.path} make "
+                    "batches of one record, on which BatchNorm cannot train; give the training "
+                    "split at least 2 records (per rank)"
+                )
         self.val_ds = FastLoadDataset(
             data.val_store, size, shuffle=False, indices=data.val_indices, **loading
         )

@@ -109,7 +109,7 @@ class Trainer:
         backbone = config.backbone
         self.config = self.model_config(config, data)
         self.task = data.task
-        saved_task = None if saved is None else saved["config"].get("task", REGRESSION)
+        saved_task = None if saved is None else saved["config"]["task"]
         if saved_task not in (None, self.task):
             raise ValueError(
                 f"{config.resume}: the checkpoint was written by a {saved_task} run, this run is "
