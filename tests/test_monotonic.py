@@ -20,10 +20,10 @@ from fastload.monotonic import (
     MonotoneLinear,
     MonotonicRegressor,
     PWLCalibrator,
-    _isotonic,
     check_finite_parameters,
     check_monotone,
 )
+from fastload.monotonic.layers import _isotonic
 
 PROPERTY = settings(max_examples=50, deadline=None)
 
@@ -51,7 +51,7 @@ def _exact_columns(module: nn.Module) -> list:
     if isinstance(module, PWLCalibrator):
         return [0]
     if isinstance(module, Lattice):
-        return [module.monotonicities.index(1)] if 1 in module.monotonicities else []
+        return [d for d, m in enumerate(module.monotonicities) if m][:1]
     if isinstance(module, LatticeEnsemble):
         rows = module.input_index.tolist()
         monotone = [d for d, m in enumerate(module.monotonicities) if m]
@@ -149,7 +149,7 @@ def test_calibrator_is_monotone_for_any_parameters(
     seed=st.integers(0, 2**16),
 )
 def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, seed):
-    mono = data.draw(st.lists(st.integers(0, 1), min_size=len(sizes), max_size=len(sizes)))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=len(sizes), max_size=len(sizes)))
     lattice = Lattice(sizes, mono, *((0.0, 1.0) if bounded else (None, None)))
     _randomize(lattice, seed, scale)
     generator = torch.Generator().manual_seed(seed)
@@ -157,7 +157,7 @@ def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, see
     with torch.no_grad():
         for d in (d for d, m in enumerate(mono) if m):
             y = _sweep(lattice, base, d, _sweep_values(-1, sizes[d], generator))
-            _assert_nondecreasing(y, eps=0.0 if d in _exact_columns(lattice) else 1e-5)
+            _assert_nondecreasing(mono[d] * y, eps=0.0 if d in _exact_columns(lattice) else 1e-5)
 
 
 @PROPERTY
@@ -171,7 +171,7 @@ def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, see
 def test_ensemble_is_monotone_for_any_parameters(num_inputs, data, lattice_size, scale, seed):
     rank = data.draw(st.integers(1, min(3, num_inputs)))
     count = math.ceil(num_inputs / rank) + data.draw(st.integers(0, 2))
-    mono = data.draw(st.lists(st.integers(0, 1), min_size=num_inputs, max_size=num_inputs))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=num_inputs, max_size=num_inputs))
     ensemble = LatticeEnsemble(num_inputs, rank, count, lattice_size, mono, seed=seed)
     _randomize(ensemble, seed, scale)
     generator = torch.Generator().manual_seed(seed)
@@ -180,7 +180,7 @@ def test_ensemble_is_monotone_for_any_parameters(num_inputs, data, lattice_size,
     with torch.no_grad():
         for d in (d for d, m in enumerate(mono) if m):
             y = _sweep(ensemble, base, d, values)
-            _assert_nondecreasing(y, eps=0.0 if d in _exact_columns(ensemble) else 1e-5)
+            _assert_nondecreasing(mono[d] * y, eps=0.0 if d in _exact_columns(ensemble) else 1e-5)
 
 
 @PROPERTY
@@ -355,15 +355,26 @@ def _make_optimizer(name: str, params):
 
 
 MODULES = {
-    # name: (factory, upper end of each input column's range, monotone columns)
-    "calibrator": (lambda: PWLCalibrator(8, 0.0, 1.0, 1), [1.0], [0]),
-    "lattice": (lambda: Lattice([3, 2, 4], [1, 0, 1]), [2.0, 1.0, 3.0], [0, 2]),
-    "ensemble": (
-        lambda: LatticeEnsemble(5, 2, 4, 3, [1, 0, 1, 0, 1], seed=3),
-        [2.0] * 5,
-        [0, 2, 4],
+    # name: (factory, upper end of each input column's range, {monotone column: direction})
+    "calibrator": (lambda: PWLCalibrator(8, 0.0, 1.0, 1), [1.0], {0: 1}),
+    "calibrator_keypoints": (
+        lambda: PWLCalibrator(input_keypoints=[0.0, 0.05, 0.1, 0.5, 0.9, 1.0], monotonicity=-1),
+        [1.0],
+        {0: -1},
     ),
-    "linear": (lambda: MonotoneLinear(3, 2, [1, 0, 1]), [1.0] * 3, [0, 2]),
+    "calibrator_concave": (lambda: PWLCalibrator(8, 0.0, 1.0, 1, convexity="concave"), [1.0], {0: 1}),
+    "lattice": (lambda: Lattice([3, 2, 4], [1, 0, 1]), [2.0, 1.0, 3.0], {0: 1, 2: 1}),
+    "lattice_decreasing": (
+        lambda: Lattice([3, 2, 4], ["decreasing", None, "increasing"]),
+        [2.0, 1.0, 3.0],
+        {0: -1, 2: 1},
+    ),
+    "ensemble": (
+        lambda: LatticeEnsemble(5, 2, 4, 3, [1, 0, -1, 0, 1], seed=3),
+        [2.0] * 5,
+        {0: 1, 2: -1, 4: 1},
+    ),
+    "linear": (lambda: MonotoneLinear(3, 2, [1, 0, -1]), [1.0] * 3, {0: 1, 2: -1}),
 }
 
 
@@ -380,18 +391,18 @@ def test_adversarial_training_cannot_break_monotonicity(kind, optimizer):
     for _ in range(30):
         x = (upper + 1) * torch.rand(64, len(upper)) - 0.5
         loss = sum(
-            (module(x + 0.3 * nn.functional.one_hot(torch.tensor(d), len(upper))) - module(x)).mean()
-            for d in monotone_columns
+            sign * (module(x + 0.3 * nn.functional.one_hot(torch.tensor(d), len(upper))) - module(x)).mean()
+            for d, sign in monotone_columns.items()
         )
         assert loss.item() >= -1e-5  # mean increase along monotone inputs: never negative
         opt.zero_grad()
         loss.backward()
         opt.step()
         with torch.no_grad():
-            for d in monotone_columns:
+            for d, sign in monotone_columns.items():
                 values = _sweep_values(-1.0, upper[d].item() + 1, generator)
                 eps = 0.0 if d in _exact_columns(module) else 1e-5
-                _assert_nondecreasing(_sweep(module, probe, d, values), eps)
+                _assert_nondecreasing(sign * _sweep(module, probe, d, values), eps)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -563,7 +574,7 @@ def test_ensemble_uses_every_input_and_is_deterministic():
     assert torch.equal(index, LatticeEnsemble(7, 3, 5, 3, mono, seed=4).input_index)
     assert torch.equal(ensemble.bank._monotone, torch.tensor(mono, dtype=torch.bool)[index])
     # Monotone inputs come first in each lattice: that one is exactly monotone under rounding.
-    assert all(row == sorted(row, key=lambda i: (-mono[i], i)) for row in index.tolist())
+    assert all(row == sorted(row, key=lambda i: (-abs(mono[i]), i)) for row in index.tolist())
 
 
 def test_ensemble_averages_its_lattices():
@@ -666,11 +677,11 @@ def test_bfloat16_forward_is_monotone(kind):
     generator = torch.Generator().manual_seed(0)
     base = _base_points(torch.tensor(upper).long() + 1, 8, generator).bfloat16()
     with torch.no_grad():
-        for d in monotone_columns:
+        for d, sign in monotone_columns.items():
             values = _sweep_values(-1.0, upper[d] + 1, generator).bfloat16()
             y = _sweep(module, base, d, values)
             assert y.dtype == torch.bfloat16
-            _assert_nondecreasing(y, eps=0.0 if d in _exact_columns(module) else 1e-2)
+            _assert_nondecreasing(sign * y, eps=0.0 if d in _exact_columns(module) else 1e-2)
             reference = _sweep(module.float(), base.float(), d, values.float())
             module.bfloat16()
             torch.testing.assert_close(y.float(), reference, rtol=1e-2, atol=1e-2)
@@ -879,7 +890,8 @@ def test_check_finite_parameters_names_what_diverged():
         (lambda: Lattice([3, 1], [1, 0]), "lattice_sizes"),
         (lambda: Lattice([], []), "lattice_sizes"),
         (lambda: Lattice([3, 3], [1]), "monotonicities"),
-        (lambda: Lattice([3, 3], [1, -1]), "monotonicities"),
+        (lambda: Lattice([3, 3], [1, 2]), "monotonicities"),
+        (lambda: Lattice([3, 3], [1, "up"]), "monotonicities"),
         (lambda: Lattice([3, 3], [1, 0], 1.0, None), "together"),
         (lambda: LatticeEnsemble(6, 2, 2, 3, [0] * 6), "cover"),
         (lambda: LatticeEnsemble(3, 4, 2, 3, [0] * 3), "lattice_rank"),
