@@ -186,7 +186,9 @@ def _check_monotonicities(values, allowed: Tuple[int, ...], length: int, name: s
         raise ValueError(f"{name} has {len(values)} entries, expected {length}")
     bad = [m for m in values if m not in allowed]
     if bad:
-        raise ValueError(f"{name} must contain only {allowed} (or 'increasing', 'decreasing', None), got {bad}")
+        raise ValueError(
+            f"{name} must contain only {allowed} (or 'increasing', 'decreasing', None), got {bad}"
+        )
     return values
 
 
@@ -244,7 +246,9 @@ def _raw_for_sequence(target: torch.Tensor, monotonicity: int) -> torch.Tensor:
 
 def _check_missing(impute_missing: bool, missing_input_value: Optional[float]) -> bool:
     if missing_input_value is not None and not math.isfinite(missing_input_value):
-        raise ValueError(f"missing_input_value must be finite (NaN is always missing), got {missing_input_value}")
+        raise ValueError(
+            f"missing_input_value must be finite (NaN is always missing), got {missing_input_value}"
+        )
     return bool(impute_missing) or missing_input_value is not None
 
 
@@ -327,7 +331,9 @@ class PWLCalibrator(nn.Module):
         if monotonicity not in (-1, 0, 1):
             raise ValueError(f"monotonicity must be -1, 0 or 1, got {monotonicity!r}")
         if convexity not in (-1, 0, 1):
-            raise ValueError(f"convexity must be -1, 0 or 1 (or 'convex', 'concave', None), got {convexity!r}")
+            raise ValueError(
+                f"convexity must be -1, 0 or 1 (or 'convex', 'concave', None), got {convexity!r}"
+            )
         _check_bounds(output_min, output_max)
         if convexity and output_min is not None:
             raise ValueError("a convex or concave calibrator cannot have output bounds: the sigmoid bends it")
@@ -414,7 +420,9 @@ class PWLCalibrator(nn.Module):
             # last and keeps its NaN fraction.
             keypoints = self.keypoints.to(dtype)
             x = torch.minimum(torch.maximum(x, keypoints[0]), keypoints[-1])
-            index = (torch.searchsorted(keypoints, x.contiguous(), right=True) - 1).clamp(0, len(keypoints) - 2)
+            index = (torch.searchsorted(keypoints, x.contiguous(), right=True) - 1).clamp(
+                0, len(keypoints) - 2
+            )
             fraction = (x - keypoints[index]) / (keypoints[index + 1] - keypoints[index])
         # One lookup of each cell's (start, end) pair: indexing's backward is the costly part.
         ends = torch.stack([values[:-1], values[1:]], 1)[index]
@@ -462,8 +470,10 @@ class CategoricalCalibrator(nn.Module):
         self.num_categories, self.monotonicity = int(num_categories), monotonicity
         self.output_min, self.output_max = output_min, output_max
         # Monotone: a ramp in code order (reversed for -1); free: every category in the middle.
-        fraction = torch.linspace(0.0, 1.0, self.num_categories) if monotonicity else torch.full(
-            (self.num_categories,), 0.5
+        fraction = (
+            torch.linspace(0.0, 1.0, self.num_categories)
+            if monotonicity
+            else torch.full((self.num_categories,), 0.5)
         )
         if monotonicity < 0:
             fraction = fraction.flip(0)
@@ -490,7 +500,9 @@ class CategoricalCalibrator(nn.Module):
         missing = torch.isnan(codes)
         present = codes[~missing]
         if ((present < 0) | (present >= self.num_categories) | (present != present.round())).any():
-            raise ValueError(f"category codes must be integers in [0, {self.num_categories - 1}] (or NaN: missing)")
+            raise ValueError(
+                f"category codes must be integers in [0, {self.num_categories - 1}] (or NaN: missing)"
+            )
         y = self.category_outputs(dtype)[codes.nan_to_num(0.0).long()]
         fill = self.missing.value(dtype) if self.missing is not None else torch.tensor(math.nan, dtype=dtype)
         return torch.where(missing, fill.to(x.device), y).to(out_dtype)
