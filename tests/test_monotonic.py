@@ -15,6 +15,7 @@ from sklearn.isotonic import IsotonicRegression
 from torch import nn
 
 from fastload.monotonic import (
+    CategoricalCalibrator,
     Lattice,
     LatticeEnsemble,
     MonotoneLinear,
@@ -592,6 +593,144 @@ def test_ensemble_averages_its_lattices():
         torch.testing.assert_close(ensemble(x), torch.stack(expected).mean(0))
 
 
+# ------------------------------------------------- convexity, keypoints, categories, missing inputs
+
+
+@PROPERTY
+@given(
+    monotonicity=st.sampled_from([-1, 0, 1]),
+    convexity=st.sampled_from([-1, 1]),
+    keypoints=st.one_of(
+        st.none(),
+        st.lists(st.floats(-100, 100, width=32), min_size=2, max_size=12, unique=True).map(sorted),
+    ),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_convex_calibrator_for_any_parameters(monotonicity, convexity, keypoints, scale, seed):
+    """Slopes in the declared order and sign exactly; the computed keypoint outputs within the
+    rounding the module docstring states; monotone exactly."""
+    if keypoints is None:
+        cal = PWLCalibrator(9, -3.0, 5.0, monotonicity, convexity=convexity)
+    else:
+        cal = PWLCalibrator(input_keypoints=keypoints, monotonicity=monotonicity, convexity=convexity)
+    _randomize(cal, seed, scale)
+    with torch.no_grad():
+        slopes = cal.slopes()
+        assert (convexity * slopes.diff() >= 0).all()
+        assert (monotonicity * slopes >= 0).all()
+        outputs = cal.keypoint_outputs()
+        assert torch.isfinite(outputs).all()
+        widths = cal.keypoints.float().diff().double()  # the widths the module multiplies by
+        realized = outputs.double().diff() / widths
+        u = 2.0**-24
+        allowance = u * (outputs.abs().max().item() / widths.min().item() + slopes.abs().max().item())
+        assert (convexity * realized.diff() >= -2 * allowance).all()
+        if monotonicity:
+            generator = torch.Generator().manual_seed(seed)
+            low, high = cal.input_min, cal.input_max
+            x = torch.cat(
+                [
+                    cal.keypoints.float(),
+                    low + (high - low) * (1.5 * torch.rand(64, generator=generator) - 0.25),
+                ]
+            )
+            _assert_nondecreasing(monotonicity * cal(x.sort().values), eps=0.0)
+
+
+def test_concave_calibrator_learns_a_concave_fit():
+    """Fitting sqrt with a concave increasing calibrator: every piece's slope no larger than the
+    one before, and close to sqrt at the keypoints."""
+    torch.manual_seed(0)
+    cal = PWLCalibrator(input_keypoints=[0.0, 0.1, 0.3, 1.0, 2.0, 4.0], monotonicity=1, convexity="concave")
+    x = torch.linspace(0, 4, 200)
+    opt = torch.optim.Adam(cal.parameters(), lr=0.05)
+    for _ in range(800):
+        loss = ((cal(x) - x.sqrt()) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 2e-3
+    assert (cal.slopes().diff() <= 0).all()
+
+
+def test_calibrator_with_keypoints_interpolates_between_them():
+    cal = PWLCalibrator(input_keypoints=[-1.0, 0.0, 0.5, 3.0], monotonicity=0)
+    _randomize(cal, seed=1, scale=1.0)
+    with torch.no_grad():
+        values = cal.keypoint_outputs()
+        torch.testing.assert_close(cal(torch.tensor([-1.0, 0.0, 0.5, 3.0])), values)
+        torch.testing.assert_close(cal(torch.tensor([-0.5, 1.75])), (values[[0, 2]] + values[[1, 3]]) / 2)
+        torch.testing.assert_close(cal(torch.tensor([-50.0, 50.0])), values[[0, 3]])
+        assert torch.isnan(cal(torch.tensor([math.nan]))).all()
+
+
+def test_calibrator_starts_as_a_ramp_from_its_initial_range():
+    cal = PWLCalibrator(input_keypoints=[0.0, 1.0, 10.0, 100.0], monotonicity=-1, initial_range=(0.0, 3.0))
+    torch.testing.assert_close(cal.keypoint_outputs().detach(), torch.tensor([3.0, 2.0, 1.0, 0.0]))
+    convex = PWLCalibrator(input_keypoints=[0.0, 1.0, 10.0, 100.0], convexity=1, initial_range=(0.0, 3.0))
+    torch.testing.assert_close(
+        convex.keypoint_outputs().detach(), torch.tensor([0.0, 0.03, 0.3, 3.0]), atol=1e-3, rtol=0
+    )
+
+
+@pytest.mark.parametrize("bounds", [(None, None), (0.0, 2.0)])
+def test_missing_inputs_take_a_learned_output(bounds):
+    cal = PWLCalibrator(5, 0.0, 1.0, 1, *bounds, missing_input_value=-1.0)
+    x = torch.tensor([0.5, math.nan, -1.0, -0.5])
+    y = cal(x)
+    assert y[1] == y[2] == cal.missing.value(torch.float32) and y[3] == cal(torch.tensor([0.0]))
+    y[1].backward()
+    assert cal.missing.raw.grad != 0 and (cal.raw.grad == 0).all()
+    categories = CategoricalCalibrator(3, 1, *bounds, impute_missing=True)
+    out = categories(torch.tensor([2.0, math.nan, 0.0]))
+    assert out[1] == categories.missing.value(torch.float32) and out[0] > out[2]
+    assert torch.isnan(CategoricalCalibrator(3)(torch.tensor([math.nan]))).all()
+
+
+@PROPERTY
+@given(
+    count=st.integers(2, 40),
+    monotonicity=st.sampled_from([-1, 0, 1, "increasing"]),
+    bounded=st.booleans(),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_categorical_calibrator_for_any_parameters(count, monotonicity, bounded, scale, seed):
+    bounds = (-1.0, 3.0) if bounded else (None, None)
+    cal = CategoricalCalibrator(count, monotonicity, *bounds)
+    _randomize(cal, seed, scale)
+    with torch.no_grad():
+        y = cal(torch.arange(count, dtype=torch.float32))
+        torch.testing.assert_close(y, cal.category_outputs())
+        torch.testing.assert_close(cal(torch.arange(count)[:, None]), y[:, None])  # integer codes too
+    sign = {"increasing": 1}.get(monotonicity, monotonicity)
+    _assert_nondecreasing(sign * y, eps=0.0)
+    if bounded:
+        assert y.min() >= bounds[0] and y.max() <= bounds[1]
+
+
+@pytest.mark.parametrize("codes", [[0.0, 3.0], [-1.0], [0.5]])
+def test_categorical_calibrator_refuses_codes_that_are_no_category(codes):
+    with pytest.raises(ValueError, match=r"integers in \[0, 2\]"):
+        CategoricalCalibrator(3)(torch.tensor(codes))
+
+
+def test_decreasing_lattice_input_is_the_flipped_increasing_one():
+    increasing, decreasing = Lattice([3, 4], [1, 0]), Lattice([3, 4], ["decreasing", 0])
+    _randomize(increasing, seed=0, scale=1.0)
+    decreasing.load_state_dict(increasing.state_dict())
+    x = torch.tensor([[0.3, 2.6], [1.5, 0.2], [2.0, 1.9], [-4.0, 1.0], [9.0, 3.0]])
+    flipped = x.clone()
+    flipped[:, 0] = 2 - x[:, 0]
+    with torch.no_grad():
+        torch.testing.assert_close(decreasing(x), increasing(flipped))
+        # vertex_values is indexed by the input: the vertex at input 0 is the flipped lattice's last.
+        torch.testing.assert_close(decreasing.vertex_values(), increasing.vertex_values().flip(0))
+        vertices = torch.tensor(list(itertools.product(range(3), range(4))), dtype=torch.float32)
+        torch.testing.assert_close(decreasing(vertices), decreasing.vertex_values().flatten())
+
+
 # ----------------------------------------------------------------------------------- gradients
 
 
@@ -884,6 +1023,16 @@ def test_check_finite_parameters_names_what_diverged():
         (lambda: PWLCalibrator(5, 0.0, 1.0, 2), "monotonicity"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0), "together"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 1.0, 1.0), "output_min"),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0, 1.0, convexity="convex"), "output bounds"),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, convexity=2), "convexity"),
+        (lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 1.0]), "strictly increasing"),
+        (lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 1.0 + 1e-12]), "float32"),
+        (lambda: PWLCalibrator(input_keypoints=[0.0, math.inf]), "finite"),
+        (lambda: PWLCalibrator(3, input_keypoints=[0.0, 1.0]), "either"),
+        (lambda: PWLCalibrator(3, 0.0), "either"),
+        (lambda: PWLCalibrator(3, 0.0, 1.0, missing_input_value=math.nan), "missing_input_value"),
+        (lambda: CategoricalCalibrator(0), "num_categories"),
+        (lambda: CategoricalCalibrator(3, "upward"), "monotonicity"),
         (lambda: MonotoneLinear(3, 2, [1, 2, 0]), "monotonicities"),
         (lambda: MonotoneLinear(3, 2, [1, 0]), "3"),
         (lambda: MonotoneLinear(0, 2, 1), "in_features"),

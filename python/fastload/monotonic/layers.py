@@ -16,10 +16,12 @@ monotone; there is no projection step to forget. The maps used:
   cumulative sum of softplus moves up (down), so they are non-decreasing (non-increasing) by
   construction, and keep the declared sign when also monotone (``PWLCalibrator.slopes``).
   The slope sequence is exact under rounding; the keypoint outputs, a running sum of slope
-  times width, are not: each output rounds by at most ``u`` times its magnitude, so a computed
-  piece's slope can move by ``2 u V / w`` (V the largest keypoint output magnitude, w the
-  piece's width) and ties between neighbouring slopes can tip either way by that much.
-  Monotonicity stays exact (same-signed increments).
+  times width, are not: a piece's increment rounds once in the product and once in the running
+  sum, so its computed slope can differ from the declared one by ``u (V / w + |s|)`` (V the
+  largest keypoint output magnitude, w the piece's width in the compute dtype, s its slope),
+  and ties between neighbouring slopes can tip either way by that much
+  (``test_convex_calibrator_for_any_parameters`` checks this bound). Monotonicity stays exact
+  (same-signed increments).
 * A decreasing lattice input is flipped, ``size - 1 - x``, onto an increasing lattice
   dimension: rounding is monotone, so every statement below about increasing inputs holds for
   decreasing ones, exactness included.
