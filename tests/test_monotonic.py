@@ -604,38 +604,64 @@ def test_ensemble_averages_its_lattices():
         st.none(),
         st.lists(st.floats(-100, 100, width=32), min_size=2, max_size=12, unique=True).map(sorted),
     ),
+    bounded=st.booleans(),
     scale=SCALES,
     seed=st.integers(0, 2**16),
 )
-def test_convex_calibrator_for_any_parameters(monotonicity, convexity, keypoints, scale, seed):
+def test_convex_calibrator_for_any_parameters(monotonicity, convexity, keypoints, bounded, scale, seed):
     """Slopes in the declared order and sign exactly; the computed keypoint outputs within the
-    rounding the module docstring states; monotone exactly."""
-    if keypoints is None:
-        cal = PWLCalibrator(9, -3.0, 5.0, monotonicity, convexity=convexity)
-    else:
-        cal = PWLCalibrator(input_keypoints=keypoints, monotonicity=monotonicity, convexity=convexity)
+    rounding the module docstring states (times the rescaling onto the bounds, plus its own
+    roundings, when bounded); monotone exactly; inside the bounds."""
+    bounds = (-3.0, 5.0) if bounded else (None, None)
+
+    def build(low, high):
+        if keypoints is None:
+            return PWLCalibrator(9, -3.0, 5.0, monotonicity, low, high, convexity=convexity)
+        return PWLCalibrator(
+            input_keypoints=keypoints,
+            monotonicity=monotonicity,
+            output_min=low,
+            output_max=high,
+            convexity=convexity,
+        )
+
+    cal, unbounded = build(*bounds), build(None, None)
     _randomize(cal, seed, scale)
+    unbounded.load_state_dict(cal.state_dict())
     with torch.no_grad():
         slopes = cal.slopes()
         assert (convexity * slopes.diff() >= 0).all()
         assert (monotonicity * slopes >= 0).all()
-        outputs = cal.keypoint_outputs()
+        outputs, raw_outputs = cal.keypoint_outputs(), unbounded.keypoint_outputs()
         assert torch.isfinite(outputs).all()
         widths = cal.keypoints.float().diff().double()  # the widths the module multiplies by
-        realized = outputs.double().diff() / widths
         u = 2.0**-24
-        allowance = u * (outputs.abs().max().item() / widths.min().item() + slopes.abs().max().item())
+        allowance = u * (raw_outputs.abs().max().item() / widths.min().item() + slopes.abs().max().item())
+        if bounded:
+            assert outputs.min() >= bounds[0] and outputs.max() <= bounds[1]
+            spread = (raw_outputs.max() - raw_outputs.min()).item()
+            allowance = allowance * 8.0 / max(spread, 1e-30) + 3 * u * 5.0 / widths.min().item()
+        realized = outputs.double().diff() / widths
         assert (convexity * realized.diff() >= -2 * allowance).all()
         if monotonicity:
             generator = torch.Generator().manual_seed(seed)
             low, high = cal.input_min, cal.input_max
-            x = torch.cat(
-                [
-                    cal.keypoints.float(),
-                    low + (high - low) * (1.5 * torch.rand(64, generator=generator) - 0.25),
-                ]
+            x = low + (high - low) * (1.5 * torch.rand(64, generator=generator) - 0.25)
+            _assert_nondecreasing(
+                monotonicity * cal(torch.cat([cal.keypoints.float(), x]).sort().values), eps=0.0
             )
-            _assert_nondecreasing(monotonicity * cal(x.sort().values), eps=0.0)
+
+
+def test_bounded_convex_calibrator_spans_its_bounds():
+    cal = PWLCalibrator(
+        input_keypoints=[0.0, 1.0, 4.0, 9.0], monotonicity=-1, output_min=0.0, output_max=2.0, convexity=1
+    )
+    torch.testing.assert_close(
+        cal.keypoint_outputs().detach(), torch.tensor([2.0, 2 - 2 / 9, 2 - 8 / 9, 0.0]), atol=1e-4, rtol=0
+    )
+    _randomize(cal, seed=3, scale=3.0)
+    outputs = cal.keypoint_outputs().detach()
+    torch.testing.assert_close(outputs[[0, -1]], torch.tensor([2.0, 0.0]))  # up to rounding
 
 
 def test_concave_calibrator_learns_a_concave_fit():
@@ -1023,7 +1049,6 @@ def test_check_finite_parameters_names_what_diverged():
         (lambda: PWLCalibrator(5, 0.0, 1.0, 2), "monotonicity"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0), "together"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 1.0, 1.0), "output_min"),
-        (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0, 1.0, convexity="convex"), "output bounds"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, convexity=2), "convexity"),
         (lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 1.0]), "strictly increasing"),
         (lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 1.0 + 1e-12]), "float32"),

@@ -260,16 +260,6 @@ class _TableModel(nn.Module):
                         len(cats), feature.monotonicity, 0.0, top, impute_missing=feature.missing
                     )
                 )
-            elif feature.convexity:  # unbounded (a sigmoid would bend it): the lattice clamps
-                calibrators.append(
-                    PWLCalibrator(
-                        input_keypoints=points,
-                        monotonicity=feature.monotonicity,
-                        convexity=feature.convexity,
-                        initial_range=(0.0, top),
-                        impute_missing=feature.missing,
-                    )
-                )
             else:
                 calibrators.append(
                     PWLCalibrator(
@@ -277,6 +267,7 @@ class _TableModel(nn.Module):
                         monotonicity=feature.monotonicity,
                         output_min=0.0,
                         output_max=top,
+                        convexity=feature.convexity,
                         impute_missing=feature.missing,
                     )
                 )

@@ -284,14 +284,16 @@ class PWLCalibrator(nn.Module):
     (non-increasing) or 0 (free), or its name ("increasing", "decreasing", None). With
     ``output_min`` and ``output_max`` (both or neither) the outputs stay strictly inside the
     bounds. ``convexity`` is +1 ("convex": slopes non-decreasing from piece to piece), -1
-    ("concave") or 0, for unbounded calibrators only: a sigmoid bound would bend the pieces.
-    With ``impute_missing`` (or a ``missing_input_value``) NaN inputs (and that value) take a
+    ("concave") or 0; a bounded convex or concave calibrator spans ``[output_min, output_max]``
+    (up to rounding) instead (an increasing affine rescaling of its keypoint outputs, which keeps
+    convexity where a sigmoid would bend the pieces). With ``impute_missing`` (or a ``missing_input_value``) NaN inputs (and that value) take a
     learned output instead of giving NaN. Accepts shape (N,) or (N, 1), returns the same shape.
 
     Starts as a ramp over the keypoints, reversed for -1, so an untrained calibrator passes
     information through: the identity on evenly spaced keypoints, equal steps between given
-    ones (a straight line from ``initial_range[0]`` to ``[1]`` when convex or concave, the only
-    ramp that is both), across the middle of the bounds when bounded, or from ``initial_range``.
+    ones (a straight line when convex or concave, the only ramp that is both), across the middle
+    of the bounds when bounded (all of them when also convex or concave), or from
+    ``initial_range``.
     """
 
     def __init__(
@@ -337,8 +339,6 @@ class PWLCalibrator(nn.Module):
                 f"convexity must be -1, 0 or 1 (or 'convex', 'concave', None), got {convexity!r}"
             )
         _check_bounds(output_min, output_max)
-        if convexity and output_min is not None:
-            raise ValueError("a convex or concave calibrator cannot have output bounds: the sigmoid bends it")
         self.num_keypoints = int(num_keypoints)
         self.input_min, self.input_max = float(input_min), float(input_max)
         self.monotonicity, self.convexity = monotonicity, convexity
@@ -353,6 +353,8 @@ class PWLCalibrator(nn.Module):
         low, high = initial_range if initial_range is not None else (self.input_min, self.input_max)
         target = _initial_raw(fraction, output_min is not None, low, high)
         if self.convexity:
+            if output_min is not None:  # rescaled, not squashed: a line across the bounds
+                target = output_min + (output_max - output_min) * fraction
             slope = (target.diff() / positions.diff()).mean()
             anchor = _inverse_softplus(slope.abs().clamp(min=1e-6)) if self.monotonicity else slope
             moves = _inverse_softplus(torch.full((self.num_keypoints - 2,), 1e-6))
@@ -396,10 +398,18 @@ class PWLCalibrator(nn.Module):
         """Output values at the keypoints: a first value plus signed increments, softplus ones
         for a monotone calibrator, slope times width for a convex or concave one."""
         dtype = dtype or torch.promote_types(self.raw.dtype, torch.float32)
-        if self.convexity:
-            raw = self.raw.to(dtype)
-            return torch.cat([raw[:1], self.slopes(dtype) * self._widths(dtype)]).cumsum(0)
-        return _monotone_sequence(self.raw.to(dtype), self.monotonicity, self.output_min, self.output_max)
+        if not self.convexity:
+            return _monotone_sequence(self.raw.to(dtype), self.monotonicity, self.output_min, self.output_max)
+        raw = self.raw.to(dtype)
+        values = torch.cat([raw[:1], self.slopes(dtype) * self._widths(dtype)]).cumsum(0)
+        if self.output_min is None:
+            return values
+        # (v - min) * (span / range): each step monotone in v under rounding; the clamp catches
+        # the last ulp the scale may add (and a flat calibrator's 0 / tiny).
+        low, high = values.min(), values.max()
+        span = self.output_max - self.output_min
+        scaled = self.output_min + (values - low) * (span / (high - low).clamp(min=torch.finfo(dtype).tiny))
+        return scaled.clamp(self.output_min, self.output_max)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
