@@ -13,21 +13,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_monotonic import _exact_columns, _randomize
+from test_monotonic import _exact_columns, _one_thread, _randomize  # noqa: F401 (an autouse fixture)
 
 from fastload.monotonic import Lattice, LatticeClassifier, LatticeRegressor, plot_calibrators
 
 pytest.importorskip("sklearn")
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only cost here, a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _table(n: int = 300, seed: int = 0):
