@@ -71,6 +71,7 @@ def test_regressor_fits_an_array_and_keeps_declared_directions():
     assert model.predict(X).shape == (300,) and model.n_iter_ == 100
     assert [f.monotonicity for f in model.features_] == [1, -1, 0]
     assert model.check_monotone(X) == {"x0": 0.0, "x1": 0.0}
+    assert not model.model_.training  # the check leaves the model as it found it
     # Quantile keypoints: each piece holds about as many training samples.
     counts = np.histogram(X[:, 0], bins=model.keypoints_[0])[0]
     assert counts.min() >= 0.5 * counts.mean()

@@ -633,7 +633,8 @@ class _LatticeEstimator(BaseEstimator):
                 sweep_range, steps = ((0.0, last) if sign > 0 else (-last, 0.0)), max(int(last) + 1, 2)
             present = values[~torch.isnan(values)]
             values = values.nan_to_num(present.min().item() if len(present) else 0.0)
-            violation = check_monotone(_Sweep(self.model_, j, sign), x, sign * values, steps, sweep_range)
+            sweep = _Sweep(self.model_, j, sign).eval()  # check_monotone restores this mode after
+            violation = check_monotone(sweep, x, sign * values, steps, sweep_range)
             worst[feature.name] = violation * self._score_units()
         return worst
 
@@ -838,7 +839,8 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
     def predict_proba(self, X) -> np.ndarray:
         scores = self.decision_function(X)
         if len(self.classes_) == 2:
-            positive = 1.0 / (1.0 + np.exp(-scores))
+            with np.errstate(over="ignore"):  # exp(large) = inf gives the right 0
+                positive = 1.0 / (1.0 + np.exp(-scores))
             return np.stack([1.0 - positive, positive], 1)
         shifted = np.exp(scores - scores.max(1, keepdims=True))
         return shifted / shifted.sum(1, keepdims=True)
