@@ -215,6 +215,25 @@ def test_concave_and_convex_calibrators_come_out_so():
     assert (model.model_.calibrators[1].slopes() <= 0).all()
 
 
+def test_a_calibrated_linear_model_is_convex_in_a_convex_feature():
+    """kind="linear": the prediction itself, not only the calibrator, is convex in x1."""
+    X, y = _table()
+    declared = {"x0": "increasing", "x1": {"monotonicity": "decreasing", "convexity": "convex"}}
+    model = LatticeRegressor(features=declared, kind="linear", learning_rate=0.2, **FAST)
+    model.fit(X, -np.sqrt(X[:, 1]) + X[:, 0])
+    assert model.score(X, -np.sqrt(X[:, 1]) + X[:, 0]) > 0.95
+    grid = np.repeat(X[:16], 401, axis=0)
+    # Convex between its first and last keypoint; constant (so flat) outside, as every calibrator.
+    grid[:, 1] = np.tile(np.linspace(model.keypoints_[1][0], model.keypoints_[1][-1], 401), 16)
+    prediction = model.predict(grid).reshape(16, 401)
+    tolerance = 1e-5 * (1 + np.abs(prediction).max())
+    assert (np.diff(prediction, 2, axis=1) >= -tolerance).all()
+    assert (np.diff(prediction, axis=1) <= tolerance).all()
+    assert all(worst <= tolerance for worst in model.check_monotone(X).values())
+    with pytest.raises(ValueError, match="kind must be 'lattice' or 'linear'"):
+        LatticeRegressor(kind="tree", max_iter=2).fit(X, y)
+
+
 # ------------------------------------------------------------------------- categories, missing
 
 

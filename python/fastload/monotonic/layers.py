@@ -284,7 +284,8 @@ class PWLCalibrator(nn.Module):
     (non-increasing) or 0 (free), or its name ("increasing", "decreasing", None). With
     ``output_min`` and ``output_max`` (both or neither) the outputs stay strictly inside the
     bounds. ``convexity`` is +1 ("convex": slopes non-decreasing from piece to piece), -1
-    ("concave") or 0; a bounded convex or concave calibrator spans ``[output_min, output_max]``
+    ("concave") or 0, between the first and the last keypoint (the constant extensions outside
+    keep monotonicity, not convexity); a bounded convex or concave calibrator spans ``[output_min, output_max]``
     (up to rounding) instead (an increasing affine rescaling of its keypoint outputs, which keeps
     convexity where a sigmoid would bend the pieces). With ``impute_missing`` (or a ``missing_input_value``) NaN inputs (and that value) take a
     learned output instead of giving NaN. Accepts shape (N,) or (N, 1), returns the same shape.
