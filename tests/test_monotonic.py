@@ -608,6 +608,9 @@ def test_ensemble_averages_its_lattices():
     scale=SCALES,
     seed=st.integers(0, 2**16),
 )
+@example(monotonicity=-1, convexity=-1, keypoints=[0.0, 1.0], bounded=True, scale=1e4, seed=0).via(
+    "a flat bounded calibrator once gave 0 * inf = NaN"
+)
 def test_convex_calibrator_for_any_parameters(monotonicity, convexity, keypoints, bounded, scale, seed):
     """Slopes in the declared order and sign exactly; the computed keypoint outputs within the
     rounding the module docstring states (times the rescaling onto the bounds, plus its own

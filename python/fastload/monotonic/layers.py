@@ -405,11 +405,11 @@ class PWLCalibrator(nn.Module):
         values = torch.cat([raw[:1], self.slopes(dtype) * self._widths(dtype)]).cumsum(0)
         if self.output_min is None:
             return values
-        # (v - min) * (span / range): each step monotone in v under rounding; the clamp catches
-        # the last ulp the scale may add (and a flat calibrator's 0 / tiny).
+        # (v - min) / range in [0, 1] (a flat calibrator's 0 / tiny is 0), then onto the bounds:
+        # each step monotone in v under rounding; the clamp catches the last ulp of the sum.
         low, high = values.min(), values.max()
-        span = self.output_max - self.output_min
-        scaled = self.output_min + (values - low) * (span / (high - low).clamp(min=torch.finfo(dtype).tiny))
+        fraction = (values - low) / (high - low).clamp(min=torch.finfo(dtype).tiny)
+        scaled = self.output_min + fraction * (self.output_max - self.output_min)
         return scaled.clamp(self.output_min, self.output_max)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
