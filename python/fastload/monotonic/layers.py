@@ -21,7 +21,8 @@ monotone; there is no projection step to forget. The maps used:
   largest keypoint output magnitude, w the piece's width in the compute dtype, s its slope),
   and ties between neighbouring slopes can tip either way by that much
   (``test_convex_calibrator_for_any_parameters`` checks this bound). Monotonicity stays exact
-  (same-signed increments).
+  (same-signed increments). A bounded one is rescaled onto its bounds, ``(v - min) / (max -
+  min)``, an increasing affine map: monotone under rounding, convex up to its own roundings.
 * A decreasing lattice input is flipped, ``size - 1 - x``, onto an increasing lattice
   dimension: rounding is monotone, so every statement below about increasing inputs holds for
   decreasing ones, exactness included.
@@ -73,9 +74,9 @@ difference into one bfloat16 ulp.
 
 Non-finite values: a NaN input gives a NaN output for that sample (as in ``nn.Linear``), never an
 index error; infinite inputs clamp to the domain's ends. A calibrator told that its input may be
-missing (``impute_missing``, ``missing_input_value``) gives such inputs a learned output instead. Non-finite *parameters* (a diverged
-optimizer step) make outputs NaN silently, so training should call
-:func:`check_finite_parameters`, and :func:`check_monotone` refuses NaN outputs.
+missing (``impute_missing``, ``missing_input_value``) gives such inputs a learned output instead.
+Non-finite *parameters* (a diverged optimizer step) make outputs NaN silently, so training
+should call :func:`check_finite_parameters`, and :func:`check_monotone` refuses NaN outputs.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "CategoricalCalibrator",
     "Lattice",
     "LatticeEnsemble",
     "MonotoneLinear",
