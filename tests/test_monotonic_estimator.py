@@ -138,6 +138,26 @@ def test_early_stopping_keeps_the_best_epoch_and_is_deterministic():
     assert first.score(X, y) > 0.8
 
 
+def test_fit_runs_on_its_torch_threads_and_gives_them_back(monkeypatch):
+    X, y = _table(50)
+    calls = []
+    set_threads = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), set_threads(n)))
+    before = torch.get_num_threads()
+    set_threads(2)
+    try:
+        model = LatticeRegressor(max_iter=2, torch_threads=1).fit(X, y)
+        assert calls == [1, 2] and torch.get_num_threads() == 2
+        LatticeRegressor(max_iter=2, torch_threads=None).fit(X, y)
+        assert calls == [1, 2]
+        model.predict(X)
+        assert calls == [1, 2, 1, 2]
+    finally:
+        set_threads(before)
+    with pytest.raises(ValueError, match="torch_threads"):
+        LatticeRegressor(max_iter=2, torch_threads=0).fit(X, y)
+
+
 # ------------------------------------------------------------------------------------ monotone
 
 

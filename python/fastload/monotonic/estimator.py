@@ -48,6 +48,7 @@ by an ulp).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
@@ -242,6 +243,22 @@ def _plain(value):
     return value
 
 
+@contextlib.contextmanager
+def _torch_threads(count: Optional[int]):
+    """torch's intra-op thread count set to ``count`` for the block (None: left alone)."""
+    if count is None:
+        yield
+        return
+    if int(count) < 1:
+        raise ValueError(f"torch_threads must be >= 1 or None, got {count}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(count))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class _TableModel(nn.Module):
     """Calibrators, one per feature, into ``num_outputs`` lattices (or ensembles). Its
     ``constraints`` buffer, one row (monotonicity, convexity, categorical, missing) per
@@ -350,6 +367,7 @@ class _LatticeEstimator(BaseEstimator):
         n_iter_no_change: int = 20,
         random_state: Optional[int] = 0,
         kind: str = "lattice",
+        torch_threads: Optional[int] = 1,
     ):
         self.features = features
         self.lattice_size = lattice_size
@@ -363,6 +381,7 @@ class _LatticeEstimator(BaseEstimator):
         self.n_iter_no_change = n_iter_no_change
         self.random_state = random_state
         self.kind = kind
+        self.torch_threads = torch_threads
 
     # ------------------------------------------------------------------------------- inputs
 
@@ -561,6 +580,10 @@ class _LatticeEstimator(BaseEstimator):
             )
 
     def _train(self, x: torch.Tensor, target: torch.Tensor, num_outputs: int, loss) -> None:
+        with _torch_threads(self.torch_threads):
+            self._train_in_threads(x, target, num_outputs, loss)
+
+    def _train_in_threads(self, x: torch.Tensor, target: torch.Tensor, num_outputs: int, loss) -> None:
         """Adam, full batch or minibatches, from ``random_state``; with ``validation_fraction``
         stops after ``n_iter_no_change`` epochs without a better validation loss and keeps the
         best epoch's parameters."""
@@ -628,7 +651,7 @@ class _LatticeEstimator(BaseEstimator):
     def _scores(self, X) -> torch.Tensor:
         """The model's raw output, (N, outputs)."""
         x = self._prepare(X, fitting=False)
-        with torch.no_grad():
+        with torch.no_grad(), _torch_threads(self.torch_threads):
             return self.model_(x)
 
     def _score_units(self) -> float:
@@ -655,7 +678,8 @@ class _LatticeEstimator(BaseEstimator):
             present = values[~torch.isnan(values)]
             values = values.nan_to_num(present.min().item() if len(present) else 0.0)
             sweep = _Sweep(self.model_, j, sign).eval()  # check_monotone restores this mode after
-            violation = check_monotone(sweep, x, sign * values, steps, sweep_range)
+            with _torch_threads(self.torch_threads):
+                violation = check_monotone(sweep, x, sign * values, steps, sweep_range)
             worst[feature.name] = violation * self._score_units()
         return worst
 
@@ -796,7 +820,10 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     ``num_lattices`` lattices, by default enough to use each feature about twice),
     ``max_iter`` (epochs), ``learning_rate`` (Adam's), ``batch_size`` (None: full batch),
     ``validation_fraction`` and ``n_iter_no_change`` (early stopping), ``random_state`` (an
-    int, or None for a fresh seed), ``kind`` ("lattice", or "linear": module docstring).
+    int, or None for a fresh seed), ``kind`` ("lattice", or "linear": module docstring),
+    ``torch_threads`` (torch's intra-op threads while fitting and predicting, restored after;
+    these tensors are small, so one thread is fastest: benches/RESULTS.md; None leaves torch's
+    setting).
     """
 
     def fit(self, X, y):
