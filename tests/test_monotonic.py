@@ -15,15 +15,16 @@ from sklearn.isotonic import IsotonicRegression
 from torch import nn
 
 from fastload.monotonic import (
+    CategoricalCalibrator,
     Lattice,
     LatticeEnsemble,
     MonotoneLinear,
     MonotonicRegressor,
     PWLCalibrator,
-    _isotonic,
     check_finite_parameters,
     check_monotone,
 )
+from fastload.monotonic.layers import _isotonic
 
 PROPERTY = settings(max_examples=50, deadline=None)
 
@@ -51,7 +52,7 @@ def _exact_columns(module: nn.Module) -> list:
     if isinstance(module, PWLCalibrator):
         return [0]
     if isinstance(module, Lattice):
-        return [module.monotonicities.index(1)] if 1 in module.monotonicities else []
+        return [d for d, m in enumerate(module.monotonicities) if m][:1]
     if isinstance(module, LatticeEnsemble):
         rows = module.input_index.tolist()
         monotone = [d for d, m in enumerate(module.monotonicities) if m]
@@ -149,7 +150,7 @@ def test_calibrator_is_monotone_for_any_parameters(
     seed=st.integers(0, 2**16),
 )
 def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, seed):
-    mono = data.draw(st.lists(st.integers(0, 1), min_size=len(sizes), max_size=len(sizes)))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=len(sizes), max_size=len(sizes)))
     lattice = Lattice(sizes, mono, *((0.0, 1.0) if bounded else (None, None)))
     _randomize(lattice, seed, scale)
     generator = torch.Generator().manual_seed(seed)
@@ -157,7 +158,7 @@ def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, see
     with torch.no_grad():
         for d in (d for d, m in enumerate(mono) if m):
             y = _sweep(lattice, base, d, _sweep_values(-1, sizes[d], generator))
-            _assert_nondecreasing(y, eps=0.0 if d in _exact_columns(lattice) else 1e-5)
+            _assert_nondecreasing(mono[d] * y, eps=0.0 if d in _exact_columns(lattice) else 1e-5)
 
 
 @PROPERTY
@@ -171,7 +172,7 @@ def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, see
 def test_ensemble_is_monotone_for_any_parameters(num_inputs, data, lattice_size, scale, seed):
     rank = data.draw(st.integers(1, min(3, num_inputs)))
     count = math.ceil(num_inputs / rank) + data.draw(st.integers(0, 2))
-    mono = data.draw(st.lists(st.integers(0, 1), min_size=num_inputs, max_size=num_inputs))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=num_inputs, max_size=num_inputs))
     ensemble = LatticeEnsemble(num_inputs, rank, count, lattice_size, mono, seed=seed)
     _randomize(ensemble, seed, scale)
     generator = torch.Generator().manual_seed(seed)
@@ -180,7 +181,7 @@ def test_ensemble_is_monotone_for_any_parameters(num_inputs, data, lattice_size,
     with torch.no_grad():
         for d in (d for d, m in enumerate(mono) if m):
             y = _sweep(ensemble, base, d, values)
-            _assert_nondecreasing(y, eps=0.0 if d in _exact_columns(ensemble) else 1e-5)
+            _assert_nondecreasing(mono[d] * y, eps=0.0 if d in _exact_columns(ensemble) else 1e-5)
 
 
 @PROPERTY
@@ -355,15 +356,26 @@ def _make_optimizer(name: str, params):
 
 
 MODULES = {
-    # name: (factory, upper end of each input column's range, monotone columns)
-    "calibrator": (lambda: PWLCalibrator(8, 0.0, 1.0, 1), [1.0], [0]),
-    "lattice": (lambda: Lattice([3, 2, 4], [1, 0, 1]), [2.0, 1.0, 3.0], [0, 2]),
-    "ensemble": (
-        lambda: LatticeEnsemble(5, 2, 4, 3, [1, 0, 1, 0, 1], seed=3),
-        [2.0] * 5,
-        [0, 2, 4],
+    # name: (factory, upper end of each input column's range, {monotone column: direction})
+    "calibrator": (lambda: PWLCalibrator(8, 0.0, 1.0, 1), [1.0], {0: 1}),
+    "calibrator_keypoints": (
+        lambda: PWLCalibrator(input_keypoints=[0.0, 0.05, 0.1, 0.5, 0.9, 1.0], monotonicity=-1),
+        [1.0],
+        {0: -1},
     ),
-    "linear": (lambda: MonotoneLinear(3, 2, [1, 0, 1]), [1.0] * 3, [0, 2]),
+    "calibrator_concave": (lambda: PWLCalibrator(8, 0.0, 1.0, 1, convexity="concave"), [1.0], {0: 1}),
+    "lattice": (lambda: Lattice([3, 2, 4], [1, 0, 1]), [2.0, 1.0, 3.0], {0: 1, 2: 1}),
+    "lattice_decreasing": (
+        lambda: Lattice([3, 2, 4], ["decreasing", None, "increasing"]),
+        [2.0, 1.0, 3.0],
+        {0: -1, 2: 1},
+    ),
+    "ensemble": (
+        lambda: LatticeEnsemble(5, 2, 4, 3, [1, 0, -1, 0, 1], seed=3),
+        [2.0] * 5,
+        {0: 1, 2: -1, 4: 1},
+    ),
+    "linear": (lambda: MonotoneLinear(3, 2, [1, 0, -1]), [1.0] * 3, {0: 1, 2: -1}),
 }
 
 
@@ -380,18 +392,18 @@ def test_adversarial_training_cannot_break_monotonicity(kind, optimizer):
     for _ in range(30):
         x = (upper + 1) * torch.rand(64, len(upper)) - 0.5
         loss = sum(
-            (module(x + 0.3 * nn.functional.one_hot(torch.tensor(d), len(upper))) - module(x)).mean()
-            for d in monotone_columns
+            sign * (module(x + 0.3 * nn.functional.one_hot(torch.tensor(d), len(upper))) - module(x)).mean()
+            for d, sign in monotone_columns.items()
         )
         assert loss.item() >= -1e-5  # mean increase along monotone inputs: never negative
         opt.zero_grad()
         loss.backward()
         opt.step()
         with torch.no_grad():
-            for d in monotone_columns:
+            for d, sign in monotone_columns.items():
                 values = _sweep_values(-1.0, upper[d].item() + 1, generator)
                 eps = 0.0 if d in _exact_columns(module) else 1e-5
-                _assert_nondecreasing(_sweep(module, probe, d, values), eps)
+                _assert_nondecreasing(sign * _sweep(module, probe, d, values), eps)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -563,7 +575,7 @@ def test_ensemble_uses_every_input_and_is_deterministic():
     assert torch.equal(index, LatticeEnsemble(7, 3, 5, 3, mono, seed=4).input_index)
     assert torch.equal(ensemble.bank._monotone, torch.tensor(mono, dtype=torch.bool)[index])
     # Monotone inputs come first in each lattice: that one is exactly monotone under rounding.
-    assert all(row == sorted(row, key=lambda i: (-mono[i], i)) for row in index.tolist())
+    assert all(row == sorted(row, key=lambda i: (-abs(mono[i]), i)) for row in index.tolist())
 
 
 def test_ensemble_averages_its_lattices():
@@ -579,6 +591,173 @@ def test_ensemble_averages_its_lattices():
             single.bank.raw.copy_(values[None])
             expected.append(single(x[:, index]))
         torch.testing.assert_close(ensemble(x), torch.stack(expected).mean(0))
+
+
+# ------------------------------------------------- convexity, keypoints, categories, missing inputs
+
+
+@PROPERTY
+@given(
+    monotonicity=st.sampled_from([-1, 0, 1]),
+    convexity=st.sampled_from([-1, 1]),
+    keypoints=st.one_of(
+        st.none(),
+        st.lists(st.floats(-100, 100, width=32), min_size=2, max_size=12, unique=True).map(sorted),
+    ),
+    bounded=st.booleans(),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+@example(monotonicity=-1, convexity=-1, keypoints=[0.0, 1.0], bounded=True, scale=1e4, seed=0).via(
+    "a flat bounded calibrator once gave 0 * inf = NaN"
+)
+def test_convex_calibrator_for_any_parameters(monotonicity, convexity, keypoints, bounded, scale, seed):
+    """Slopes in the declared order and sign exactly; the computed keypoint outputs within the
+    rounding the module docstring states (times the rescaling onto the bounds, plus its own
+    roundings, when bounded); monotone exactly; inside the bounds."""
+    bounds = (-3.0, 5.0) if bounded else (None, None)
+
+    def build(low, high):
+        if keypoints is None:
+            return PWLCalibrator(9, -3.0, 5.0, monotonicity, low, high, convexity=convexity)
+        return PWLCalibrator(
+            input_keypoints=keypoints,
+            monotonicity=monotonicity,
+            output_min=low,
+            output_max=high,
+            convexity=convexity,
+        )
+
+    cal, unbounded = build(*bounds), build(None, None)
+    _randomize(cal, seed, scale)
+    unbounded.load_state_dict(cal.state_dict())
+    with torch.no_grad():
+        slopes = cal.slopes()
+        assert (convexity * slopes.diff() >= 0).all()
+        assert (monotonicity * slopes >= 0).all()
+        outputs, raw_outputs = cal.keypoint_outputs(), unbounded.keypoint_outputs()
+        assert torch.isfinite(outputs).all()
+        widths = cal.keypoints.float().diff().double()  # the widths the module multiplies by
+        u = 2.0**-24
+        allowance = u * (raw_outputs.abs().max().item() / widths.min().item() + slopes.abs().max().item())
+        if bounded:
+            assert outputs.min() >= bounds[0] and outputs.max() <= bounds[1]
+            spread = (raw_outputs.max() - raw_outputs.min()).item()
+            allowance = allowance * 8.0 / max(spread, 1e-30) + 3 * u * 5.0 / widths.min().item()
+        realized = outputs.double().diff() / widths
+        assert (convexity * realized.diff() >= -2 * allowance).all()
+        if monotonicity:
+            generator = torch.Generator().manual_seed(seed)
+            low, high = cal.input_min, cal.input_max
+            x = low + (high - low) * (1.5 * torch.rand(64, generator=generator) - 0.25)
+            _assert_nondecreasing(
+                monotonicity * cal(torch.cat([cal.keypoints.float(), x]).sort().values), eps=0.0
+            )
+
+
+def test_bounded_convex_calibrator_spans_its_bounds():
+    cal = PWLCalibrator(
+        input_keypoints=[0.0, 1.0, 4.0, 9.0], monotonicity=-1, output_min=0.0, output_max=2.0, convexity=1
+    )
+    torch.testing.assert_close(
+        cal.keypoint_outputs().detach(), torch.tensor([2.0, 2 - 2 / 9, 2 - 8 / 9, 0.0]), atol=1e-4, rtol=0
+    )
+    _randomize(cal, seed=3, scale=3.0)
+    outputs = cal.keypoint_outputs().detach()
+    torch.testing.assert_close(outputs[[0, -1]], torch.tensor([2.0, 0.0]))  # up to rounding
+
+
+def test_concave_calibrator_learns_a_concave_fit():
+    """Fitting sqrt with a concave increasing calibrator: every piece's slope no larger than the
+    one before, and close to sqrt at the keypoints."""
+    torch.manual_seed(0)
+    cal = PWLCalibrator(input_keypoints=[0.0, 0.1, 0.3, 1.0, 2.0, 4.0], monotonicity=1, convexity="concave")
+    x = torch.linspace(0, 4, 200)
+    opt = torch.optim.Adam(cal.parameters(), lr=0.05)
+    for _ in range(800):
+        loss = ((cal(x) - x.sqrt()) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 2e-3
+    assert (cal.slopes().diff() <= 0).all()
+
+
+def test_calibrator_with_keypoints_interpolates_between_them():
+    cal = PWLCalibrator(input_keypoints=[-1.0, 0.0, 0.5, 3.0], monotonicity=0)
+    _randomize(cal, seed=1, scale=1.0)
+    with torch.no_grad():
+        values = cal.keypoint_outputs()
+        torch.testing.assert_close(cal(torch.tensor([-1.0, 0.0, 0.5, 3.0])), values)
+        torch.testing.assert_close(cal(torch.tensor([-0.5, 1.75])), (values[[0, 2]] + values[[1, 3]]) / 2)
+        torch.testing.assert_close(cal(torch.tensor([-50.0, 50.0])), values[[0, 3]])
+        assert torch.isnan(cal(torch.tensor([math.nan]))).all()
+
+
+def test_calibrator_starts_as_a_ramp_from_its_initial_range():
+    cal = PWLCalibrator(input_keypoints=[0.0, 1.0, 10.0, 100.0], monotonicity=-1, initial_range=(0.0, 3.0))
+    torch.testing.assert_close(cal.keypoint_outputs().detach(), torch.tensor([3.0, 2.0, 1.0, 0.0]))
+    convex = PWLCalibrator(input_keypoints=[0.0, 1.0, 10.0, 100.0], convexity=1, initial_range=(0.0, 3.0))
+    torch.testing.assert_close(
+        convex.keypoint_outputs().detach(), torch.tensor([0.0, 0.03, 0.3, 3.0]), atol=1e-3, rtol=0
+    )
+
+
+@pytest.mark.parametrize("bounds", [(None, None), (0.0, 2.0)])
+def test_missing_inputs_take_a_learned_output(bounds):
+    cal = PWLCalibrator(5, 0.0, 1.0, 1, *bounds, missing_input_value=-1.0)
+    x = torch.tensor([0.5, math.nan, -1.0, -0.5])
+    y = cal(x)
+    assert y[1] == y[2] == cal.missing.value(torch.float32) and y[3] == cal(torch.tensor([0.0]))
+    y[1].backward()
+    assert cal.missing.raw.grad != 0 and (cal.raw.grad == 0).all()
+    categories = CategoricalCalibrator(3, 1, *bounds, impute_missing=True)
+    out = categories(torch.tensor([2.0, math.nan, 0.0]))
+    assert out[1] == categories.missing.value(torch.float32) and out[0] > out[2]
+    assert torch.isnan(CategoricalCalibrator(3)(torch.tensor([math.nan]))).all()
+
+
+@PROPERTY
+@given(
+    count=st.integers(2, 40),
+    monotonicity=st.sampled_from([-1, 0, 1, "increasing"]),
+    bounded=st.booleans(),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_categorical_calibrator_for_any_parameters(count, monotonicity, bounded, scale, seed):
+    bounds = (-1.0, 3.0) if bounded else (None, None)
+    cal = CategoricalCalibrator(count, monotonicity, *bounds)
+    _randomize(cal, seed, scale)
+    with torch.no_grad():
+        y = cal(torch.arange(count, dtype=torch.float32))
+        torch.testing.assert_close(y, cal.category_outputs())
+        torch.testing.assert_close(cal(torch.arange(count)[:, None]), y[:, None])  # integer codes too
+    sign = {"increasing": 1}.get(monotonicity, monotonicity)
+    _assert_nondecreasing(sign * y, eps=0.0)
+    if bounded:
+        assert y.min() >= bounds[0] and y.max() <= bounds[1]
+
+
+@pytest.mark.parametrize("codes", [[0.0, 3.0], [-1.0], [0.5]])
+def test_categorical_calibrator_refuses_codes_that_are_no_category(codes):
+    with pytest.raises(ValueError, match=r"integers in \[0, 2\]"):
+        CategoricalCalibrator(3)(torch.tensor(codes))
+
+
+def test_decreasing_lattice_input_is_the_flipped_increasing_one():
+    increasing, decreasing = Lattice([3, 4], [1, 0]), Lattice([3, 4], ["decreasing", 0])
+    _randomize(increasing, seed=0, scale=1.0)
+    decreasing.load_state_dict(increasing.state_dict())
+    x = torch.tensor([[0.3, 2.6], [1.5, 0.2], [2.0, 1.9], [-4.0, 1.0], [9.0, 3.0]])
+    flipped = x.clone()
+    flipped[:, 0] = 2 - x[:, 0]
+    with torch.no_grad():
+        torch.testing.assert_close(decreasing(x), increasing(flipped))
+        # vertex_values is indexed by the input: the vertex at input 0 is the flipped lattice's last.
+        torch.testing.assert_close(decreasing.vertex_values(), increasing.vertex_values().flip(0))
+        vertices = torch.tensor(list(itertools.product(range(3), range(4))), dtype=torch.float32)
+        torch.testing.assert_close(decreasing(vertices), decreasing.vertex_values().flatten())
 
 
 # ----------------------------------------------------------------------------------- gradients
@@ -666,11 +845,11 @@ def test_bfloat16_forward_is_monotone(kind):
     generator = torch.Generator().manual_seed(0)
     base = _base_points(torch.tensor(upper).long() + 1, 8, generator).bfloat16()
     with torch.no_grad():
-        for d in monotone_columns:
+        for d, sign in monotone_columns.items():
             values = _sweep_values(-1.0, upper[d] + 1, generator).bfloat16()
             y = _sweep(module, base, d, values)
             assert y.dtype == torch.bfloat16
-            _assert_nondecreasing(y, eps=0.0 if d in _exact_columns(module) else 1e-2)
+            _assert_nondecreasing(sign * y, eps=0.0 if d in _exact_columns(module) else 1e-2)
             reference = _sweep(module.float(), base.float(), d, values.float())
             module.bfloat16()
             torch.testing.assert_close(y.float(), reference, rtol=1e-2, atol=1e-2)
@@ -873,13 +1052,23 @@ def test_check_finite_parameters_names_what_diverged():
         (lambda: PWLCalibrator(5, 0.0, 1.0, 2), "monotonicity"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0), "together"),
         (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 1.0, 1.0), "output_min"),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, convexity=2), "convexity"),
+        (lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 1.0]), "strictly increasing"),
+        (lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 1.0 + 1e-12]), "float32"),
+        (lambda: PWLCalibrator(input_keypoints=[0.0, math.inf]), "finite"),
+        (lambda: PWLCalibrator(3, input_keypoints=[0.0, 1.0]), "either"),
+        (lambda: PWLCalibrator(3, 0.0), "either"),
+        (lambda: PWLCalibrator(3, 0.0, 1.0, missing_input_value=math.nan), "missing_input_value"),
+        (lambda: CategoricalCalibrator(0), "num_categories"),
+        (lambda: CategoricalCalibrator(3, "upward"), "monotonicity"),
         (lambda: MonotoneLinear(3, 2, [1, 2, 0]), "monotonicities"),
         (lambda: MonotoneLinear(3, 2, [1, 0]), "3"),
         (lambda: MonotoneLinear(0, 2, 1), "in_features"),
         (lambda: Lattice([3, 1], [1, 0]), "lattice_sizes"),
         (lambda: Lattice([], []), "lattice_sizes"),
         (lambda: Lattice([3, 3], [1]), "monotonicities"),
-        (lambda: Lattice([3, 3], [1, -1]), "monotonicities"),
+        (lambda: Lattice([3, 3], [1, 2]), "monotonicities"),
+        (lambda: Lattice([3, 3], [1, "up"]), "monotonicities"),
         (lambda: Lattice([3, 3], [1, 0], 1.0, None), "together"),
         (lambda: LatticeEnsemble(6, 2, 2, 3, [0] * 6), "cover"),
         (lambda: LatticeEnsemble(3, 4, 2, 3, [0] * 3), "lattice_rank"),

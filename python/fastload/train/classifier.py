@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from fastload.monotonic import MonotonicRegressor, _SmallCNN
+from fastload.monotonic.layers import MonotonicRegressor, _SmallCNN
 
 # Each logit's bounds. Logits start near 0 (every class equally likely); a gap of 16 between two
 # logits is a probability ratio of about 9e6, beyond what any label noise justifies.

@@ -10,7 +10,22 @@ monotone; there is no projection step to forget. The maps used:
 
 * ``PWLCalibrator``: keypoint outputs are a free first value plus a cumulative sum of softplus
   increments. Smooth and onto all strictly monotone keypoint sequences; exactly flat pieces are
-  only approached (increment -> 0), which costs little in practice.
+  only approached (increment -> 0), which costs little in practice. ``CategoricalCalibrator``
+  uses the same map over its categories in declared order.
+* Convex (concave) ``PWLCalibrator``: the slopes of the pieces are an anchor slope plus a
+  cumulative sum of softplus moves up (down), so they are non-decreasing (non-increasing) by
+  construction, and keep the declared sign when also monotone (``PWLCalibrator.slopes``).
+  The slope sequence is exact under rounding; the keypoint outputs, a running sum of slope
+  times width, are not: a piece's increment rounds once in the product and once in the running
+  sum, so its computed slope can differ from the declared one by ``u (V / w + |s|)`` (V the
+  largest keypoint output magnitude, w the piece's width in the compute dtype, s its slope),
+  and ties between neighbouring slopes can tip either way by that much
+  (``test_convex_calibrator_for_any_parameters`` checks this bound). Monotonicity stays exact
+  (same-signed increments). A bounded one is rescaled onto its bounds, ``(v - min) / (max -
+  min)``, an increasing affine map: monotone under rounding, convex up to its own roundings.
+* A decreasing lattice input is flipped, ``size - 1 - x``, onto an increasing lattice
+  dimension: rounding is monotone, so every statement below about increasing inputs holds for
+  decreasing ones, exactness included.
 * ``MonotoneLinear``: weight = softplus(free) times the declared sign. Gradients never vanish at
   zero the way they do with clamping, at the price of never reaching exactly zero.
 * ``Lattice`` / ``LatticeEnsemble``: vertex values are the free values fitted isotonically
@@ -58,9 +73,10 @@ than the vertices it interpolates. A bfloat16 result is the float32 one cast, wh
 difference into one bfloat16 ulp.
 
 Non-finite values: a NaN input gives a NaN output for that sample (as in ``nn.Linear``), never an
-index error; infinite inputs clamp to the domain's ends. Non-finite *parameters* (a diverged
-optimizer step) make outputs NaN silently, so training should call
-:func:`check_finite_parameters`, and :func:`check_monotone` refuses NaN outputs.
+index error; infinite inputs clamp to the domain's ends. A calibrator told that its input may be
+missing (``impute_missing``, ``missing_input_value``) gives such inputs a learned output instead.
+Non-finite *parameters* (a diverged optimizer step) make outputs NaN silently, so training
+should call :func:`check_finite_parameters`, and :func:`check_monotone` refuses NaN outputs.
 """
 
 from __future__ import annotations
@@ -74,6 +90,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
+    "CategoricalCalibrator",
     "Lattice",
     "LatticeEnsemble",
     "MonotoneLinear",
@@ -155,13 +172,27 @@ def _isotonic(values: torch.Tensor, dim: int) -> torch.Tensor:
     return fit.movedim(-1, dim)
 
 
+_DIRECTIONS = {"increasing": 1, "decreasing": -1, "none": 0, None: 0}
+_CURVATURES = {"convex": 1, "concave": -1, "none": 0, None: 0}
+
+
+def _as_direction(value, words=_DIRECTIONS):
+    """-1, 0 or 1 from the number itself or its name ("increasing", "decreasing", None; "convex",
+    "concave" for ``words=_CURVATURES``), else ``value`` unchanged for the caller's error."""
+    if isinstance(value, str) or value is None:
+        return words.get(value.lower() if isinstance(value, str) else value, value)
+    return int(value) if isinstance(value, (int, float)) and int(value) == value else value
+
+
 def _check_monotonicities(values, allowed: Tuple[int, ...], length: int, name: str) -> List[int]:
-    values = [int(m) for m in values]
+    values = [_as_direction(m) for m in values]
     if len(values) != length:
         raise ValueError(f"{name} has {len(values)} entries, expected {length}")
     bad = [m for m in values if m not in allowed]
     if bad:
-        raise ValueError(f"{name} must contain only {allowed}, got {bad}")
+        raise ValueError(
+            f"{name} must contain only {allowed} (or 'increasing', 'decreasing', None), got {bad}"
+        )
     return values
 
 
@@ -191,84 +222,310 @@ def _check_declared_buffer(module: nn.Module, state_dict: dict, prefix: str, nam
         )
 
 
-class PWLCalibrator(nn.Module):
-    """Piecewise-linear 1-D function through ``num_keypoints`` evenly spaced keypoints.
+def _monotone_sequence(
+    raw: torch.Tensor, monotonicity: int, output_min: Optional[float], output_max: Optional[float]
+) -> torch.Tensor:
+    """Values from free ``raw``: a first value plus signed softplus increments when monotone,
+    passed through the output bounds."""
+    if not monotonicity:
+        return _bound(raw, output_min, output_max)
+    values = _bound(
+        torch.cat([raw[:1], monotonicity * F.softplus(raw[1:])]).cumsum(0), output_min, output_max
+    )
+    if output_min is None:
+        return values  # a running sum of same-signed increments is monotone under rounding
+    # The sigmoid can split ties 1 ulp the wrong way (module docstring): a running max (min)
+    # restores them exactly and is the identity on what the sigmoid should have given.
+    return values.cummax(0).values if monotonicity > 0 else values.cummin(0).values
 
-    Constant outside ``[input_min, input_max]``. ``monotonicity`` is +1 (non-decreasing),
-    -1 (non-increasing) or 0 (free). With ``output_min`` and ``output_max`` (both or neither) the
-    outputs stay strictly inside the bounds. Accepts shape (N,) or (N, 1), returns the same shape.
-    Starts as the identity on the input range (a ramp across the bounds when bounded), reversed
-    for -1, so an untrained calibrator passes information through.
+
+def _raw_for_sequence(target: torch.Tensor, monotonicity: int) -> torch.Tensor:
+    """Free values whose :func:`_monotone_sequence` is ``target`` (already in raw, pre-bound
+    space); ties of a monotone target become increments of 1e-6."""
+    if not monotonicity:
+        return target
+    steps = _inverse_softplus(target.diff().abs().clamp(min=1e-6))
+    return torch.cat([target[:1], steps])
+
+
+def _check_missing(impute_missing: bool, missing_input_value: Optional[float]) -> bool:
+    if missing_input_value is not None and not math.isfinite(missing_input_value):
+        raise ValueError(
+            f"missing_input_value must be finite (NaN is always missing), got {missing_input_value}"
+        )
+    return bool(impute_missing) or missing_input_value is not None
+
+
+class _MissingOutput(nn.Module):
+    """A learned output for missing inputs (NaN, or ``missing_input_value``): a missing value is
+    no point on the input axis, so it gets its own output instead of a NaN. Inside the output
+    bounds when the calibrator has them; monotonicity concerns present inputs only."""
+
+    def __init__(self, initial: float, missing_input_value: Optional[float], output_min, output_max):
+        super().__init__()
+        self.missing_input_value = None if missing_input_value is None else float(missing_input_value)
+        self.output_min, self.output_max = output_min, output_max
+        self.raw = nn.Parameter(torch.tensor(float(initial)))
+
+    def mask(self, x: torch.Tensor) -> torch.Tensor:
+        missing = torch.isnan(x)
+        if self.missing_input_value is not None:
+            missing |= x == self.missing_input_value
+        return missing
+
+    def value(self, dtype: torch.dtype) -> torch.Tensor:
+        return _bound(self.raw.to(dtype), self.output_min, self.output_max)
+
+
+class PWLCalibrator(nn.Module):
+    """Piecewise-linear 1-D function through keypoints.
+
+    Keypoints are ``num_keypoints`` evenly spaced over ``[input_min, input_max]``, or the sorted
+    ``input_keypoints`` (for example quantiles of the data, so each piece sees as many samples).
+    Constant outside the keypoints. ``monotonicity`` is +1 (non-decreasing), -1
+    (non-increasing) or 0 (free), or its name ("increasing", "decreasing", None). With
+    ``output_min`` and ``output_max`` (both or neither) the outputs stay strictly inside the
+    bounds. ``convexity`` is +1 ("convex": slopes non-decreasing from piece to piece), -1
+    ("concave") or 0, between the first and the last keypoint (the constant extensions outside
+    keep monotonicity, not convexity); a bounded convex or concave calibrator spans ``[output_min, output_max]``
+    (up to rounding) instead (an increasing affine rescaling of its keypoint outputs, which keeps
+    convexity where a sigmoid would bend the pieces). With ``impute_missing`` (or a ``missing_input_value``) NaN inputs (and that value) take a
+    learned output instead of giving NaN. Accepts shape (N,) or (N, 1), returns the same shape.
+
+    Starts as a ramp over the keypoints, reversed for -1, so an untrained calibrator passes
+    information through: the identity on evenly spaced keypoints, equal steps between given
+    ones (a straight line when convex or concave, the only ramp that is both), across the middle
+    of the bounds when bounded (all of them when also convex or concave), or from
+    ``initial_range``.
     """
 
     def __init__(
         self,
-        num_keypoints: int,
-        input_min: float,
-        input_max: float,
-        monotonicity: int = 1,
+        num_keypoints: Optional[int] = None,
+        input_min: Optional[float] = None,
+        input_max: Optional[float] = None,
+        monotonicity: Union[int, str, None] = 1,
         output_min: Optional[float] = None,
         output_max: Optional[float] = None,
+        *,
+        convexity: Union[int, str, None] = 0,
+        input_keypoints: Optional[Sequence[float]] = None,
+        initial_range: Optional[Tuple[float, float]] = None,
+        impute_missing: bool = False,
+        missing_input_value: Optional[float] = None,
     ):
         super().__init__()
+        if input_keypoints is not None:
+            if num_keypoints is not None or input_min is not None or input_max is not None:
+                raise ValueError("give either num_keypoints, input_min and input_max, or input_keypoints")
+            keypoints = torch.as_tensor(input_keypoints, dtype=torch.float64).flatten()
+            if len(keypoints) < 2 or not torch.isfinite(keypoints).all():
+                raise ValueError(f"input_keypoints must be >= 2 finite values, got {keypoints.tolist()}")
+            # Distinct in float32, the narrowest compute dtype, so no piece has zero width.
+            if not (keypoints.float().diff() > 0).all():
+                raise ValueError("input_keypoints must be strictly increasing, also when rounded to float32")
+            self._input_keypoints: Optional[Tuple[float, ...]] = tuple(keypoints.tolist())
+            num_keypoints, input_min, input_max = len(keypoints), keypoints[0].item(), keypoints[-1].item()
+        else:
+            if num_keypoints is None or input_min is None or input_max is None:
+                raise ValueError("give either num_keypoints, input_min and input_max, or input_keypoints")
+            self._input_keypoints = None
         if int(num_keypoints) < 2:
             raise ValueError(f"num_keypoints must be >= 2, got {num_keypoints}")
         if not float(input_min) < float(input_max):
             raise ValueError(f"input_min ({input_min}) must be < input_max ({input_max})")
+        monotonicity, convexity = _as_direction(monotonicity), _as_direction(convexity, _CURVATURES)
         if monotonicity not in (-1, 0, 1):
             raise ValueError(f"monotonicity must be -1, 0 or 1, got {monotonicity!r}")
+        if convexity not in (-1, 0, 1):
+            raise ValueError(
+                f"convexity must be -1, 0 or 1 (or 'convex', 'concave', None), got {convexity!r}"
+            )
         _check_bounds(output_min, output_max)
         self.num_keypoints = int(num_keypoints)
         self.input_min, self.input_max = float(input_min), float(input_max)
-        self.monotonicity = int(monotonicity)
+        self.monotonicity, self.convexity = monotonicity, convexity
         self.output_min, self.output_max = output_min, output_max
 
         fraction = torch.linspace(0.0, 1.0, self.num_keypoints)
+        positions = self._keypoints(torch.device("cpu")).float()
+        if self.convexity:  # a straight line in x
+            fraction = (positions - self.input_min) / (self.input_max - self.input_min)
         if self.monotonicity < 0:
-            fraction = fraction.flip(0)
-        target = _initial_raw(fraction, output_min is not None, self.input_min, self.input_max)
-        if self.monotonicity:
-            steps = _inverse_softplus(target.diff().abs().clamp(min=1e-6))
-            target = torch.cat([target[:1], steps])
-        self.raw = nn.Parameter(target)
+            fraction = 1 - fraction if self.convexity else fraction.flip(0)
+        low, high = initial_range if initial_range is not None else (self.input_min, self.input_max)
+        target = _initial_raw(fraction, output_min is not None, low, high)
+        if self.convexity:
+            if output_min is not None:  # rescaled, not squashed: a line across the bounds
+                target = output_min + (output_max - output_min) * fraction
+            slope = (target.diff() / positions.diff()).mean()
+            anchor = _inverse_softplus(slope.abs().clamp(min=1e-6)) if self.monotonicity else slope
+            moves = _inverse_softplus(torch.full((self.num_keypoints - 2,), 1e-6))
+            self.raw = nn.Parameter(torch.cat([target[:1], anchor[None], moves]))
+        else:
+            self.raw = nn.Parameter(_raw_for_sequence(target, self.monotonicity))
+        self.missing = None
+        if _check_missing(impute_missing, missing_input_value):
+            initial = _initial_raw(torch.tensor(0.5), output_min is not None, low, high)
+            self.missing = _MissingOutput(initial.item(), missing_input_value, output_min, output_max)
 
     @property
     def keypoints(self) -> torch.Tensor:
-        """Input positions of the keypoints."""
-        return torch.linspace(self.input_min, self.input_max, self.num_keypoints, device=self.raw.device)
+        """Input positions of the keypoints (float64 when given, else float32)."""
+        return self._keypoints(self.raw.device)
+
+    def _keypoints(self, device: torch.device) -> torch.Tensor:
+        if self._input_keypoints is not None:
+            return torch.tensor(self._input_keypoints, dtype=torch.float64, device=device)
+        return torch.linspace(self.input_min, self.input_max, self.num_keypoints, device=device)
+
+    def _widths(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.keypoints.to(dtype).diff()
+
+    def slopes(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Slope of each piece of a convex or concave calibrator, shape (num_keypoints - 1,): an
+        anchor slope (signed softplus when monotone) plus a running sum of softplus moves, so the
+        sequence is monotone in the declared direction under rounding too. The anchor is the
+        piece nearest zero slope for a monotone calibrator (the last one when convex and
+        decreasing or concave and increasing), so every slope keeps the declared sign."""
+        if not self.convexity:
+            raise ValueError("slopes are parameters of convex or concave calibrators only")
+        raw = self.raw.to(dtype or torch.promote_types(self.raw.dtype, torch.float32))
+        anchor = raw[1:2] if not self.monotonicity else self.monotonicity * F.softplus(raw[1:2])
+        moves = torch.cat([raw.new_zeros(1), F.softplus(raw[2:])])
+        if self.convexity * self.monotonicity < 0:
+            return (anchor - self.convexity * moves.cumsum(0)).flip(0)
+        return anchor + self.convexity * moves.cumsum(0)
 
     def keypoint_outputs(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """Output values at the keypoints: a first value plus signed softplus increments."""
-        raw = self.raw.to(dtype or torch.promote_types(self.raw.dtype, torch.float32))
-        if not self.monotonicity:
-            return _bound(raw, self.output_min, self.output_max)
-        values = _bound(
-            torch.cat([raw[:1], self.monotonicity * F.softplus(raw[1:])]).cumsum(0),
-            self.output_min,
-            self.output_max,
-        )
+        """Output values at the keypoints: a first value plus signed increments, softplus ones
+        for a monotone calibrator, slope times width for a convex or concave one."""
+        dtype = dtype or torch.promote_types(self.raw.dtype, torch.float32)
+        if not self.convexity:
+            return _monotone_sequence(self.raw.to(dtype), self.monotonicity, self.output_min, self.output_max)
+        raw = self.raw.to(dtype)
+        values = torch.cat([raw[:1], self.slopes(dtype) * self._widths(dtype)]).cumsum(0)
         if self.output_min is None:
-            return values  # a running sum of same-signed increments is monotone under rounding
-        # The sigmoid can split ties 1 ulp the wrong way (module docstring): a running max (min)
-        # restores them exactly and is the identity on what the sigmoid should have given.
-        return values.cummax(0).values if self.monotonicity > 0 else values.cummin(0).values
+            return values
+        # (v - min) / range in [0, 1] (a flat calibrator's 0 / tiny is 0), then onto the bounds:
+        # each step monotone in v under rounding; the clamp catches the last ulp of the sum.
+        low, high = values.min(), values.max()
+        fraction = (values - low) / (high - low).clamp(min=torch.finfo(dtype).tiny)
+        scaled = self.output_min + fraction * (self.output_max - self.output_min)
+        return scaled.clamp(self.output_min, self.output_max)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
             raise ValueError(f"PWLCalibrator input must have shape (N,) or (N, 1), got {tuple(x.shape)}")
         out_dtype, dtype = _dtypes(x, self.raw)
         values = self.keypoint_outputs(dtype)
-        scale = (self.num_keypoints - 1) / (self.input_max - self.input_min)
-        t = (x.to(dtype).clamp(self.input_min, self.input_max) - self.input_min) * scale
-        cell = t.floor().clamp(max=self.num_keypoints - 2)
+        x = x.to(dtype)
+        missing = None
+        if self.missing is not None:
+            missing = self.missing.mask(x)
+            x = x.masked_fill(missing, self.input_min)
+        if self._input_keypoints is None:
+            scale = (self.num_keypoints - 1) / (self.input_max - self.input_min)
+            t = (x.clamp(self.input_min, self.input_max) - self.input_min) * scale
+            cell = t.floor().clamp(max=self.num_keypoints - 2)
+            index, fraction = _cell_index(cell), t - cell
+        else:
+            # fl(x - k[i]) <= fl(k[i + 1] - k[i]) for x <= k[i + 1], so the fraction stays in
+            # [0, 1] and grows with x: monotone under rounding as in the even case. A NaN sorts
+            # last and keeps its NaN fraction.
+            keypoints = self.keypoints.to(dtype)
+            x = torch.minimum(torch.maximum(x, keypoints[0]), keypoints[-1])
+            index = (torch.searchsorted(keypoints, x.contiguous(), right=True) - 1).clamp(
+                0, len(keypoints) - 2
+            )
+            fraction = (x - keypoints[index]) / (keypoints[index + 1] - keypoints[index])
         # One lookup of each cell's (start, end) pair: indexing's backward is the costly part.
-        ends = torch.stack([values[:-1], values[1:]], 1)[_cell_index(cell)]
-        return _lerp(ends[..., 0], ends[..., 1], t - cell).to(out_dtype)
+        ends = torch.stack([values[:-1], values[1:]], 1)[index]
+        y = _lerp(ends[..., 0], ends[..., 1], fraction)
+        if missing is not None:
+            y = torch.where(missing, self.missing.value(dtype), y)
+        return y.to(out_dtype)
 
     def extra_repr(self) -> str:
         return (
             f"num_keypoints={self.num_keypoints}, input_range=({self.input_min}, {self.input_max}), "
-            f"monotonicity={self.monotonicity}, output_range=({self.output_min}, {self.output_max})"
+            f"monotonicity={self.monotonicity}, convexity={self.convexity}, "
+            f"output_range=({self.output_min}, {self.output_max})"
+        )
+
+
+class CategoricalCalibrator(nn.Module):
+    """One learned output per category, for inputs holding category codes 0 .. num_categories - 1.
+
+    ``monotonicity`` +1 ("increasing") makes the outputs non-decreasing in code order (declare
+    the categories in their natural order: "low", "mid", "high"), -1 non-increasing, 0 free;
+    exact under rounding, by the same map as :class:`PWLCalibrator`'s keypoint outputs. With
+    ``output_min`` and ``output_max`` the outputs stay inside the bounds. A NaN code is a missing
+    value: NaN out, or a learned output with ``impute_missing``. Other codes that are not one of
+    the categories raise ValueError. Accepts shape (N,) or (N, 1), returns the same shape.
+    """
+
+    def __init__(
+        self,
+        num_categories: int,
+        monotonicity: Union[int, str, None] = 0,
+        output_min: Optional[float] = None,
+        output_max: Optional[float] = None,
+        *,
+        initial_range: Tuple[float, float] = (0.0, 1.0),
+        impute_missing: bool = False,
+    ):
+        super().__init__()
+        if int(num_categories) < 1:
+            raise ValueError(f"num_categories must be >= 1, got {num_categories}")
+        monotonicity = _as_direction(monotonicity)
+        if monotonicity not in (-1, 0, 1):
+            raise ValueError(f"monotonicity must be -1, 0 or 1, got {monotonicity!r}")
+        _check_bounds(output_min, output_max)
+        self.num_categories, self.monotonicity = int(num_categories), monotonicity
+        self.output_min, self.output_max = output_min, output_max
+        # Monotone: a ramp in code order (reversed for -1); free: every category in the middle.
+        fraction = (
+            torch.linspace(0.0, 1.0, self.num_categories)
+            if monotonicity
+            else torch.full((self.num_categories,), 0.5)
+        )
+        if monotonicity < 0:
+            fraction = fraction.flip(0)
+        target = _initial_raw(fraction, output_min is not None, *initial_range)
+        self.raw = nn.Parameter(_raw_for_sequence(target, monotonicity))
+        self.missing = None
+        if impute_missing:
+            initial = _initial_raw(torch.tensor(0.5), output_min is not None, *initial_range)
+            self.missing = _MissingOutput(initial.item(), None, output_min, output_max)
+
+    def category_outputs(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Output of each category, shape (num_categories,)."""
+        raw = self.raw.to(dtype or torch.promote_types(self.raw.dtype, torch.float32))
+        return _monotone_sequence(raw, self.monotonicity, self.output_min, self.output_max)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
+            raise ValueError(
+                f"CategoricalCalibrator input must have shape (N,) or (N, 1), got {tuple(x.shape)}"
+            )
+        out_dtype = torch.promote_types(x.dtype, self.raw.dtype) if x.is_floating_point() else self.raw.dtype
+        dtype = torch.promote_types(out_dtype, torch.float32)
+        codes = x.to(torch.float64)
+        missing = torch.isnan(codes)
+        present = codes[~missing]
+        if ((present < 0) | (present >= self.num_categories) | (present != present.round())).any():
+            raise ValueError(
+                f"category codes must be integers in [0, {self.num_categories - 1}] (or NaN: missing)"
+            )
+        y = self.category_outputs(dtype)[codes.nan_to_num(0.0).long()]
+        fill = self.missing.value(dtype) if self.missing is not None else torch.tensor(math.nan, dtype=dtype)
+        return torch.where(missing, fill.to(x.device), y).to(out_dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_categories={self.num_categories}, monotonicity={self.monotonicity}, "
+            f"output_range=({self.output_min}, {self.output_max})"
         )
 
 
@@ -281,7 +538,7 @@ class MonotoneLinear(nn.Module):
         super().__init__()
         if in_features < 1 or out_features < 1:
             raise ValueError("in_features and out_features must be >= 1")
-        if isinstance(monotonicities, int):
+        if isinstance(monotonicities, (int, str)) or monotonicities is None:
             monotonicities = [monotonicities] * in_features
         signs = _check_monotonicities(monotonicities, (-1, 0, 1), in_features, "monotonicities")
         self.in_features, self.out_features = in_features, out_features
@@ -415,11 +672,31 @@ class _LatticeBank(nn.Module):
         return corners[..., 0].T.contiguous()
 
 
+class _InputFlip(nn.Module):
+    """``size - 1 - x`` on the decreasing inputs, in the compute dtype; the identity (and no
+    work) when none is decreasing. NaN stays NaN and an infinity changes sign, to be clamped."""
+
+    def __init__(self, sizes: Sequence[int], monotonicities: Sequence[int]):
+        super().__init__()
+        self.active = any(m < 0 for m in monotonicities)
+        self.register_buffer("_decreasing", torch.tensor([m < 0 for m in monotonicities]), persistent=False)
+        self.register_buffer("_last", torch.tensor(sizes) - 1, persistent=False)
+
+    def forward(self, x: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return x
+        x = x.to(_dtypes(x, param)[1])
+        return torch.where(self._decreasing, self._last.to(x.dtype) - x, x)
+
+
 class Lattice(nn.Module):
     """Multilinear interpolation over a grid of learned vertex values.
 
     Input (N, D) with dimension d in [0, lattice_sizes[d] - 1] (clamped outside); output (N,).
-    ``monotonicities[d]`` is 1 for non-decreasing along d, 0 for free. With ``output_min`` and
+    ``monotonicities[d]`` is 1 ("increasing") for non-decreasing along d, -1 ("decreasing") for
+    non-increasing, 0 (None) for free. A decreasing input is flipped, ``lattice_sizes[d] - 1 -
+    x``, into an increasing dimension (rounding is monotone, so the flip is non-increasing under
+    rounding and every guarantee below carries over). With ``output_min`` and
     ``output_max`` the vertex values, hence the outputs, stay inside the bounds. Monotone under
     rounding in the first monotone dimension, up to a stated rounding bound in the others (module
     docstring). Each sample costs 2^D
@@ -438,27 +715,32 @@ class Lattice(nn.Module):
         sizes = [int(s) for s in lattice_sizes]
         if not sizes or min(sizes) < 2:
             raise ValueError(f"lattice_sizes must be a non-empty list of ints >= 2, got {sizes}")
-        mono = _check_monotonicities(monotonicities, (0, 1), len(sizes), "monotonicities")
+        mono = _check_monotonicities(monotonicities, (-1, 0, 1), len(sizes), "monotonicities")
         self.lattice_sizes, self.monotonicities = tuple(sizes), tuple(mono)
-        self.bank = _LatticeBank(sizes, [[m == 1 for m in mono]], output_min, output_max)
+        self.bank = _LatticeBank(sizes, [[m != 0 for m in mono]], output_min, output_max)
+        self.flip = _InputFlip(sizes, mono)
 
     def vertex_values(self) -> torch.Tensor:
-        """Constrained vertex values, shape lattice_sizes."""
-        return self.bank.vertex_values(torch.promote_types(self.bank.raw.dtype, torch.float32))[0]
+        """Constrained vertex values, shape lattice_sizes, indexed by the inputs as given (a
+        decreasing dimension's flip undone)."""
+        values = self.bank.vertex_values(torch.promote_types(self.bank.raw.dtype, torch.float32))[0]
+        decreasing = [d for d, m in enumerate(self.monotonicities) if m < 0]
+        return values.flip(decreasing) if decreasing else values
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_inputs(x, len(self.lattice_sizes), "Lattice input")
-        return self.bank(x[:, None, :])[:, 0].to(_dtypes(x, self.bank.raw)[0])
+        return self.bank(self.flip(x, self.bank.raw)[:, None, :])[:, 0].to(_dtypes(x, self.bank.raw)[0])
 
 
 class LatticeEnsemble(nn.Module):
     """Average of ``num_lattices`` lattices of rank ``lattice_rank`` over subsets of the inputs.
 
     Subsets come from ``seed`` (deterministic, independent of the global RNG) and balance how often
-    each input is used, so every input appears in at least one lattice. A monotone input is
-    monotone-declared in every lattice that sees it, and an average of functions that are each
-    monotone (or constant) in an input is monotone in it. Each subset lists its monotone inputs
-    first: that is the dimension each lattice keeps exactly monotone under rounding.
+    each input is used, so every input appears in at least one lattice. A monotone input (1 or
+    -1, as for :class:`Lattice`) is monotone-declared in every lattice that sees it, and an
+    average of functions that are each monotone (or constant) in an input is monotone in it.
+    Each subset lists its monotone inputs first: that is the dimension each lattice keeps
+    exactly monotone under rounding.
     """
 
     def __init__(
@@ -481,7 +763,7 @@ class LatticeEnsemble(nn.Module):
             raise ValueError(
                 f"num_lattices * lattice_rank = {num_lattices * lattice_rank} cannot cover {num_inputs} inputs"
             )
-        mono = _check_monotonicities(monotonicities, (0, 1), num_inputs, "monotonicities")
+        mono = _check_monotonicities(monotonicities, (-1, 0, 1), num_inputs, "monotonicities")
         self.num_inputs, self.monotonicities = num_inputs, tuple(mono)
         generator = torch.Generator().manual_seed(seed)
         uses = torch.zeros(num_inputs)
@@ -490,18 +772,20 @@ class LatticeEnsemble(nn.Module):
             # Least-used inputs first, ties broken at random.
             chosen = (uses + torch.rand(num_inputs, generator=generator)).argsort()[:lattice_rank]
             uses[chosen] += 1
-            subsets.append(sorted(chosen.tolist(), key=lambda i: (-mono[i], i)))
+            subsets.append(sorted(chosen.tolist(), key=lambda i: (-abs(mono[i]), i)))
         self.register_buffer("input_index", torch.tensor(subsets))
         self.bank = _LatticeBank(
             [lattice_size] * lattice_rank,
-            [[mono[i] == 1 for i in subset] for subset in subsets],
+            [[mono[i] != 0 for i in subset] for subset in subsets],
             output_min,
             output_max,
         )
+        self.flip = _InputFlip([lattice_size] * num_inputs, mono)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_inputs(x, self.num_inputs, "LatticeEnsemble input")
-        return self.bank(x[:, self.input_index]).mean(1).to(_dtypes(x, self.bank.raw)[0])
+        inputs = self.flip(x, self.bank.raw)
+        return self.bank(inputs[:, self.input_index]).mean(1).to(_dtypes(x, self.bank.raw)[0])
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The lattices' monotone dimensions follow from input_index at construction.

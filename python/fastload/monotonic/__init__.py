@@ -1,0 +1,54 @@
+"""Monotone models: layers whose monotonicity holds by construction, and tabular estimators.
+
+* ``layers``: the building blocks (``PWLCalibrator``, ``CategoricalCalibrator``,
+  ``MonotoneLinear``, ``Lattice``, ``LatticeEnsemble``), the image model
+  ``MonotonicRegressor`` that ``fastload train`` fits, and the checks ``check_monotone`` and
+  ``check_finite_parameters``. Its docstring states the guarantees, rounding included.
+* ``estimator``: ``LatticeRegressor`` and ``LatticeClassifier``, scikit-learn style estimators
+  for tables (arrays or DataFrames) with features declared by name.
+* ``plot``: ``plot_calibrators``, a PNG of a fitted estimator's calibrators.
+
+The estimators and the plot load on first use, so importing the layers (as training does)
+imports neither scikit-learn nor matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from fastload.monotonic.layers import (
+    CategoricalCalibrator,
+    Lattice,
+    LatticeEnsemble,
+    MonotoneLinear,
+    MonotonicRegressor,
+    PWLCalibrator,
+    check_finite_parameters,
+    check_monotone,
+)
+
+_LAZY = {
+    "LatticeClassifier": "fastload.monotonic.estimator",
+    "LatticeRegressor": "fastload.monotonic.estimator",
+    "plot_calibrators": "fastload.monotonic.plot",
+}
+
+__all__ = [
+    "CategoricalCalibrator",
+    "Lattice",
+    "LatticeClassifier",
+    "LatticeEnsemble",
+    "LatticeRegressor",
+    "MonotoneLinear",
+    "MonotonicRegressor",
+    "PWLCalibrator",
+    "check_finite_parameters",
+    "check_monotone",
+    "plot_calibrators",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
