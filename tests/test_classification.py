@@ -5,6 +5,7 @@ and the command line."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -145,6 +146,14 @@ def test_a_validation_store_of_other_classes_is_refused(tmp_path, class_store):
         fit(class_store, val=real, **FAST)
 
 
+def test_negative_labels_of_a_store_without_classes_are_refused_before_any_warning(tmp_path):
+    path = _store(tmp_path / "neg.fl", [-1, -2, -1, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"no classes and has negative labels \(smallest -2\)"):
+            fit(path, task="classification", **FAST)
+
+
 def test_labels_too_large_to_be_class_indices_are_refused(tmp_path):
     path = _store(tmp_path / "big.fl", [0, 5, 1_000_000, 3])
     with pytest.raises(ValueError, match=r"labels up to 1,000,000: .* use task regression"):
@@ -278,6 +287,8 @@ def test_an_epoch_line_shows_accuracy_and_the_counts_of_the_least_accurate_class
     line = format_epoch(metrics)
     assert "val loss 0.5  accuracy 75.0% (majority baseline 25.0%)" in line
     assert "least accurate 10 of 12 classes: 2:0/4 6:1/4 1:3/4 0:4/4" in line
+    absent = format_epoch({**metrics, "val_support": [0] * 11 + [5], "val_correct": [0] * 12})
+    assert "least accurate 10 of 12 classes: 11:0/5 0:0/0" in absent  # no records: no accuracy to rank
     few = format_epoch({**metrics, "val_support": [4, 4], "val_correct": [3, 1]})
     assert few.endswith("correct per class: 0:3/4 1:1/4")
 

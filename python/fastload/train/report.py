@@ -42,11 +42,13 @@ def format_epoch(metrics: dict) -> str:
 
 
 def _class_counts(correct: list, support: list) -> str:
-    """Correct/records per validation class: every class, or the least accurate ones."""
+    """Correct/records per validation class: every class, or the least accurate ones (a class
+    without validation records has no accuracy, so it comes after every class that has one)."""
     classes = list(range(len(support)))
     shown = "correct per class"
     if len(classes) > CLASSES_SHOWN:
-        classes = sorted(classes, key=lambda c: correct[c] / max(support[c], 1))[:CLASSES_SHOWN]
+        classes = sorted(classes, key=lambda c: (support[c] == 0, correct[c] / max(support[c], 1)))
+        classes = classes[:CLASSES_SHOWN]
         shown = f"least accurate {CLASSES_SHOWN} of {len(support)} classes"
     return f"{shown}: " + " ".join(f"{c}:{correct[c]}/{support[c]}" for c in classes)
 

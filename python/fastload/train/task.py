@@ -71,7 +71,13 @@ def class_names(train_store: Store, val_store: Optional[Store]) -> List[str]:
                 f"{train_store.path} {_classes(names)}; validate on a store packed with the same class folders"
             )
     if names is None:
-        count = int(np.asarray(train_store.labels).max()) + 1
+        labels = np.asarray(train_store.labels)
+        if labels.min() < 0:
+            raise ValueError(
+                f"store {train_store.path} lists no classes and has negative labels "
+                f"(smallest {int(labels.min()):,}); class indices start at 0: use task regression"
+            )
+        count = int(labels.max()) + 1
         if count > MAX_UNNAMED_CLASSES:
             raise ValueError(
                 f"store {train_store.path} lists no classes and has labels up to {count - 1:,}: "
