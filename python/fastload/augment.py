@@ -25,6 +25,8 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from fastload import _core
+
 # One fixed slot per random number, so enabling one op never changes another's draws.
 _CROP_ATTEMPTS = 10  # as torchvision's RandomResizedCrop: the first crop that fits wins
 _SCALE, _RATIO = 0, _CROP_ATTEMPTS
@@ -121,8 +123,8 @@ class Augment:
     - `degrees`: rotation drawn in [-degrees, degrees] (counter-clockwise, about the centre);
       `translate`: shift drawn in [-translate, translate] × the output's width and height.
       Pixels from outside the image repeat its border.
-    - `brightness`, `contrast`, `saturation`: factors drawn in [1 - x, 1 + x], as
-      torchvision's ColorJitter (applied in that order, each clamped to the valid range).
+    - `brightness`, `contrast`, `saturation`: factors drawn in [1 - x, 1 + x] and floored at
+      0, as torchvision's ColorJitter (applied in that order, each clamped to the valid range).
     - `seed`: with the epoch and the record index, what decides every draw.
 
     Resampling is bilinear without antialiasing, so a crop shrunk more than 2x aliases where
@@ -245,7 +247,7 @@ class Augment:
         }
         for name, slot in (("brightness", _BRIGHTNESS), ("contrast", _CONTRAST), ("saturation", _SATURATION)):
             strength = getattr(self, name)
-            params[name] = 1 + (2 * u[:, slot] - 1) * strength
+            params[name] = (1 + (2 * u[:, slot] - 1) * strength).clamp_(min=0.0)  # no negative gain
         return params
 
     def _crop_sizes(self, u: torch.Tensor, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -335,6 +337,36 @@ class Augment:
             return out
         p = self.params(keys, epoch, height, width)
         theta = self._theta(p, height, width, out_h, out_w).to(dtype) if self.geometric else None
+        if images.device.type == "cpu" and dtype == torch.float32:
+            self._apply_native(images, p, theta, scale, shift, out)
+        else:
+            self._apply_torch(images, p, theta, scale, shift, out)
+        return out
+
+    def _apply_native(self, images, p, theta, scale, shift, out: torch.Tensor) -> None:
+        """The CPU float32 path: `_core.augment`, which samples straight from the uint8 pixels
+        and jitters and normalises each pixel as it is written, on the Rust thread pool."""
+        channels = images.shape[3]
+        colour = torch.stack([p["brightness"], p["contrast"], p["saturation"]], dim=1)
+        per_channel = [v.reshape(-1).expand(channels).contiguous().numpy() for v in (scale, shift)]
+        nhwc = out.permute(0, 2, 3, 1)
+        target = nhwc if nhwc.is_contiguous() else torch.empty_like(nhwc, memory_format=torch.contiguous_format)
+        _core.augment(
+            images.contiguous().numpy(),
+            None if theta is None else theta.contiguous().numpy(),
+            colour.contiguous().numpy(),
+            *per_channel,
+            target.numpy(),
+        )
+        if target is not nhwc:
+            nhwc.copy_(target)
+
+    def _apply_torch(self, images, p, theta, scale, shift, out: torch.Tensor) -> None:
+        """Every other device and dtype (CUDA runs this): one grid_sample over the float batch,
+        then the jitter; on the CPU in groups of samples whose floats stay in the cache."""
+        n, height, width, channels = images.shape
+        out_h, out_w = out.shape[2:]
+        dtype = out.dtype
         step = (
             n
             if images.device.type != "cpu"
@@ -350,7 +382,6 @@ class Augment:
                 x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
             gain = self._jitter(x, {name: value[part] for name, value in p.items()})
             torch.addcmul(-shift, x, scale if gain is None else scale * gain, out=out[part])
-        return out
 
     def _jitter(self, x: torch.Tensor, p: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
         """Brightness, contrast, saturation in place on 0–255 floats, one factor per sample, in
