@@ -193,10 +193,17 @@ impl Taps {
 
 /// How one image's output positions map to input taps.
 enum Geometry {
-    /// No rotation: x depends only on the column and y only on the row, so every tap is
-    /// looked up once per column and once per row.
-    Separable { columns: Vec<Taps>, rows: Vec<Taps> },
-    /// General affine: input position = column term + row term, per axis, added per pixel.
+    /// No rotation: x depends only on the column and y only on the row. Each output row is
+    /// the vertical blend of its two source rows over `span` (the elements its columns read;
+    /// contiguous uint8, so it vectorises), then a horizontal blend per column. Column taps
+    /// are offsets into the span.
+    Separable {
+        columns: Vec<Taps>,
+        rows: Vec<Taps>,
+        span: std::ops::Range<usize>,
+    },
+    /// General affine: input position = column term + row term, per axis, added per pixel,
+    /// and four taps read per pixel.
     Affine {
         column_x: Vec<f32>,
         column_y: Vec<f32>,
@@ -207,42 +214,56 @@ enum Geometry {
 
 impl Geometry {
     fn new(theta: Option<&[f32]>, shape: Shape, out_height: usize, out_width: usize) -> Geometry {
-        let (height, width, channels) = (shape.height, shape.width, shape.channels);
-        let row_stride = width * channels;
+        let (height, width) = (shape.height, shape.width);
         let Some(t) = theta else {
-            let columns = (0..width).map(|x| Taps::at_precise(x as f64, width, channels));
-            let rows = (0..height).map(|y| Taps::at_precise(y as f64, height, row_stride));
-            return Geometry::Separable {
-                columns: columns.collect(),
-                rows: rows.collect(),
-            };
+            let columns = (0..width).map(|x| x as f64);
+            let rows = (0..height).map(|y| y as f64);
+            return Geometry::separable(columns, rows, shape);
         };
         // grid_sample's unnormalisation: ((g + 1) * size - 1) / 2 = g * size / 2 + (size - 1) / 2.
         let (w, h) = (width as f64, height as f64);
         let [a, b, c, d, e, f] = [t[0], t[1], t[2], t[3], t[4], t[5]].map(f64::from);
-        let (x_per_column, x_per_row, x0) =
-            (a * w / 2.0, b * w / 2.0, c * w / 2.0 + (w - 1.0) / 2.0);
-        let (y_per_column, y_per_row, y0) =
-            (d * h / 2.0, e * h / 2.0, f * h / 2.0 + (h - 1.0) / 2.0);
+        let (x_per_column, x_per_row) = (a * w / 2.0, b * w / 2.0);
+        let (y_per_column, y_per_row) = (d * h / 2.0, e * h / 2.0);
+        let (x0, y0) = (c * w / 2.0 + (w - 1.0) / 2.0, f * h / 2.0 + (h - 1.0) / 2.0);
         // Output pixel centres in normalised coordinates, as affine_grid places them.
         let xs = (0..out_width).map(|j| (2 * j + 1) as f64 / out_width as f64 - 1.0);
         let ys = (0..out_height).map(|i| (2 * i + 1) as f64 / out_height as f64 - 1.0);
         if x_per_row == 0.0 && y_per_column == 0.0 {
-            Geometry::Separable {
-                columns: xs
-                    .map(|x| Taps::at_precise(x_per_column * x + x0, width, channels))
-                    .collect(),
-                rows: ys
-                    .map(|y| Taps::at_precise(y_per_row * y + y0, height, row_stride))
-                    .collect(),
-            }
-        } else {
-            Geometry::Affine {
-                column_x: xs.clone().map(|x| (x_per_column * x) as f32).collect(),
-                column_y: xs.map(|x| (y_per_column * x) as f32).collect(),
-                row_x: ys.clone().map(|y| (x_per_row * y + x0) as f32).collect(),
-                row_y: ys.map(|y| (y_per_row * y + y0) as f32).collect(),
-            }
+            let columns = xs.map(|x| x_per_column * x + x0);
+            let rows = ys.map(|y| y_per_row * y + y0);
+            return Geometry::separable(columns, rows, shape);
+        }
+        Geometry::Affine {
+            column_x: xs.clone().map(|x| (x_per_column * x) as f32).collect(),
+            column_y: xs.map(|x| (y_per_column * x) as f32).collect(),
+            row_x: ys.clone().map(|y| (x_per_row * y + x0) as f32).collect(),
+            row_y: ys.map(|y| (y_per_row * y + y0) as f32).collect(),
+        }
+    }
+
+    /// The separable tables from the input x of each output column and y of each output row.
+    fn separable(
+        columns: impl Iterator<Item = f64>,
+        rows: impl Iterator<Item = f64>,
+        shape: Shape,
+    ) -> Geometry {
+        let (width, channels) = (shape.width, shape.channels);
+        let mut columns: Vec<Taps> = columns
+            .map(|x| Taps::at_precise(x, width, channels))
+            .collect();
+        let start = columns.iter().map(|x| x.near).min().unwrap_or(0);
+        let end = columns.iter().map(|x| x.far + channels).max().unwrap_or(0);
+        for x in &mut columns {
+            x.near -= start;
+            x.far -= start;
+        }
+        Geometry::Separable {
+            columns,
+            rows: rows
+                .map(|y| Taps::at_precise(y, shape.height, width * channels))
+                .collect(),
+            span: start..end,
         }
     }
 }
@@ -283,18 +304,26 @@ impl<'a, const C: usize> Image<'a, C> {
 
     /// The whole image into `out` (out_height×out_width×C): one pass when contrast is 1, else
     /// a pass that samples, brightens and sums the grey per row, then one that finishes.
+    /// Each row is sampled into place first and finished while it is in the cache.
     fn write(&self, out: &mut [f32]) {
         let row_len = self.out_width * C;
         let rows_per_task = (PIXELS_PER_TASK / self.out_width).max(1);
         let band_len = rows_per_task * row_len;
+        let scratch_len = match &self.geometry {
+            Geometry::Separable { span, .. } => span.len(),
+            Geometry::Affine { .. } => 0,
+        };
         if self.contrast == 1.0 {
             out.par_chunks_mut(band_len)
                 .enumerate()
                 .for_each(|(band, out)| {
+                    let mut scratch = vec![0f32; scratch_len];
                     for (k, row) in out.chunks_exact_mut(row_len).enumerate() {
-                        self.sample_row(band * rows_per_task + k, row, |v, px| {
-                            self.normalise(self.saturate(self.brighten(v)), px)
-                        });
+                        self.sample_row(band * rows_per_task + k, row, &mut scratch);
+                        for px in row.chunks_exact_mut(C) {
+                            let v = self.saturate(self.brighten(pixel(px)));
+                            self.normalise(v, px);
+                        }
                     }
                 });
             return;
@@ -305,34 +334,50 @@ impl<'a, const C: usize> Image<'a, C> {
             .zip(row_sums.par_chunks_mut(rows_per_task))
             .enumerate()
             .for_each(|(band, (out, sums))| {
+                let mut scratch = vec![0f32; scratch_len];
                 for (k, (row, sum)) in out.chunks_exact_mut(row_len).zip(sums).enumerate() {
-                    let mut total = 0f64;
-                    self.sample_row(band * rows_per_task + k, row, |v, px| {
-                        let v = self.brighten(v);
-                        total += f64::from(gray(&v));
+                    self.sample_row(band * rows_per_task + k, row, &mut scratch);
+                    let mut total = 0f32;
+                    for px in row.chunks_exact_mut(C) {
+                        let v = self.brighten(pixel(px));
+                        total += gray(&v);
                         px.copy_from_slice(&v);
-                    });
-                    *sum = total;
+                    }
+                    *sum = f64::from(total);
                 }
             });
         let mean = row_sums.iter().sum::<f64>() / (self.out_height * self.out_width) as f64;
         let offset = (1.0 - self.contrast) * mean as f32;
         out.par_chunks_mut(band_len).for_each(|out| {
             for px in out.chunks_exact_mut(C) {
-                let v: [f32; C] = std::array::from_fn(|c| clamp(self.contrast * px[c] + offset));
+                let v = pixel::<C>(px).map(|x| clamp(self.contrast * x + offset));
                 self.normalise(self.saturate(v), px);
             }
         });
     }
 
-    /// Calls `write(sampled value, output pixel)` for every pixel of output row `i`.
+    /// Output row `i`'s bilinear samples (0–255 floats) into `row`.
     #[inline(always)]
-    fn sample_row(&self, i: usize, row: &mut [f32], mut write: impl FnMut([f32; C], &mut [f32])) {
+    fn sample_row(&self, i: usize, row: &mut [f32], scratch: &mut [f32]) {
         match &self.geometry {
-            Geometry::Separable { columns, rows } => {
+            Geometry::Separable {
+                columns,
+                rows,
+                span,
+            } => {
                 let y = rows[i];
+                let top = &self.pixels[y.near + span.start..y.near + span.end];
+                let bottom = &self.pixels[y.far + span.start..y.far + span.end];
+                for ((blend, &a), &b) in scratch.iter_mut().zip(top).zip(bottom) {
+                    let a = f32::from(a);
+                    *blend = a + (f32::from(b) - a) * y.weight;
+                }
                 for (px, &x) in row.chunks_exact_mut(C).zip(columns) {
-                    write(self.bilinear(x, y), px);
+                    let left = pixel::<C>(&scratch[x.near..x.near + C]);
+                    let right = pixel::<C>(&scratch[x.far..x.far + C]);
+                    for c in 0..C {
+                        px[c] = left[c] + (right[c] - left[c]) * x.weight;
+                    }
                 }
             }
             Geometry::Affine {
@@ -346,7 +391,7 @@ impl<'a, const C: usize> Image<'a, C> {
                 for (px, (&x, &y)) in row.chunks_exact_mut(C).zip(positions) {
                     let x = Taps::at(x + x0, self.width, C);
                     let y = Taps::at(y + y0, self.height, self.width * C);
-                    write(self.bilinear(x, y), px);
+                    px.copy_from_slice(&self.bilinear(x, y));
                 }
             }
         }
@@ -387,6 +432,12 @@ impl<'a, const C: usize> Image<'a, C> {
             px[c] = v[c] * self.scale[c] - self.shift[c];
         }
     }
+}
+
+/// The first C values of `values` as an array.
+#[inline(always)]
+fn pixel<const C: usize>(values: &[f32]) -> [f32; C] {
+    values[..C].try_into().unwrap()
 }
 
 #[inline(always)]
