@@ -21,6 +21,9 @@ use crate::pool;
 /// ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses.
 const GRAY: [f32; 3] = [0.2989, 0.587, 0.114];
 
+/// The longest side a float32 pixel position still resolves to a fraction of a pixel.
+const MAX_SIDE: usize = 1 << 20;
+
 /// Output pixels per rayon task: enough to amortise scheduling, few enough to balance.
 const PIXELS_PER_TASK: usize = 1 << 14;
 
@@ -105,6 +108,11 @@ fn check(images: &[u8], shape: Shape, plan: &Plan, out: &[f32]) -> Result<()> {
             plan.out_width
         ));
     }
+    if height.max(width) > MAX_SIDE {
+        return wrong(format!(
+            "images of {height}×{width} pixels: at most {MAX_SIDE} a side (float32 positions)"
+        ));
+    }
     if n > 0 && (height == 0 || width == 0) && out_len != Some(0) {
         return wrong(format!("cannot sample {height}×{width} images"));
     }
@@ -166,16 +174,19 @@ struct Taps {
 }
 
 impl Taps {
-    /// `position` in input pixels (pixel k's centre at k), clamped into the image as
-    /// padding_mode="border" does; `stride`: elements from one pixel to the next on this axis.
+    /// `position` in input pixels (pixel k's centre at k), clamped into the image (to
+    /// `last` = size - 1) as padding_mode="border" does; `stride`: elements from one pixel to
+    /// the next on this axis.
     #[inline(always)]
-    fn at(position: f32, size: usize, stride: usize) -> Taps {
-        let position = position.max(0.0).min((size - 1) as f32);
-        let near = position as usize; // position >= 0: truncation is floor
+    fn at(position: f32, last: f32, size: usize, stride: usize) -> Taps {
+        let position = position.max(0.0).min(last);
+        let near = position as i32; // 0 <= position < 2^24 (`check`): truncation is floor
+        let weight = position - near as f32;
+        let near = near as usize;
         Taps {
             near: near * stride,
             far: (near + 1).min(size - 1) * stride,
-            weight: position - near as f32,
+            weight,
         }
     }
 
@@ -302,14 +313,17 @@ impl<'a, const C: usize> Image<'a, C> {
         }
     }
 
-    /// The whole image into `out` (out_height×out_width×C): one pass when contrast is 1, else
-    /// a pass that samples, brightens and sums the grey per row, then one that finishes.
-    /// Each row is sampled into place first and finished while it is in the cache.
+    /// The whole image into `out` (out_height×out_width×C). Each output row is sampled into
+    /// C planes (one per channel, so the colour steps vectorise), jittered there and written
+    /// interleaved and normalised. One pass when contrast is 1; else the first pass leaves the
+    /// brightened planes in the row's place in `out` and sums their grey, and a second pass
+    /// finishes the rows once the image's mean grey is known.
     fn write(&self, out: &mut [f32]) {
-        let row_len = self.out_width * C;
-        let rows_per_task = (PIXELS_PER_TASK / self.out_width).max(1);
+        let width = self.out_width;
+        let row_len = width * C;
+        let rows_per_task = (PIXELS_PER_TASK / width).max(1);
         let band_len = rows_per_task * row_len;
-        let scratch_len = match &self.geometry {
+        let span_len = match &self.geometry {
             Geometry::Separable { span, .. } => span.len(),
             Geometry::Affine { .. } => 0,
         };
@@ -317,13 +331,12 @@ impl<'a, const C: usize> Image<'a, C> {
             out.par_chunks_mut(band_len)
                 .enumerate()
                 .for_each(|(band, out)| {
-                    let mut scratch = vec![0f32; scratch_len];
+                    let (mut span, mut planes) = (vec![0f32; span_len], vec![0f32; row_len]);
                     for (k, row) in out.chunks_exact_mut(row_len).enumerate() {
-                        self.sample_row(band * rows_per_task + k, row, &mut scratch);
-                        for px in row.chunks_exact_mut(C) {
-                            let v = self.saturate(self.brighten(pixel(px)));
-                            self.normalise(v, px);
-                        }
+                        self.sample_row(band * rows_per_task + k, &mut planes, &mut span);
+                        self.brighten(&mut planes);
+                        self.saturate(&mut planes);
+                        self.interleave(&planes, row);
                     }
                 });
             return;
@@ -334,49 +347,49 @@ impl<'a, const C: usize> Image<'a, C> {
             .zip(row_sums.par_chunks_mut(rows_per_task))
             .enumerate()
             .for_each(|(band, (out, sums))| {
-                let mut scratch = vec![0f32; scratch_len];
+                let mut span = vec![0f32; span_len];
                 for (k, (row, sum)) in out.chunks_exact_mut(row_len).zip(sums).enumerate() {
-                    self.sample_row(band * rows_per_task + k, row, &mut scratch);
-                    let mut total = 0f32;
-                    for px in row.chunks_exact_mut(C) {
-                        let v = self.brighten(pixel(px));
-                        total += gray(&v);
-                        px.copy_from_slice(&v);
-                    }
-                    *sum = f64::from(total);
+                    self.sample_row(band * rows_per_task + k, row, &mut span);
+                    self.brighten(row);
+                    *sum = grey_sum::<C>(row);
                 }
             });
-        let mean = row_sums.iter().sum::<f64>() / (self.out_height * self.out_width) as f64;
+        let mean = row_sums.iter().sum::<f64>() / (self.out_height * width) as f64;
         let offset = (1.0 - self.contrast) * mean as f32;
         out.par_chunks_mut(band_len).for_each(|out| {
-            for px in out.chunks_exact_mut(C) {
-                let v = pixel::<C>(px).map(|x| clamp(self.contrast * x + offset));
-                self.normalise(self.saturate(v), px);
+            let mut planes = vec![0f32; row_len];
+            for row in out.chunks_exact_mut(row_len) {
+                for (to, &v) in planes.iter_mut().zip(row.iter()) {
+                    *to = clamp(self.contrast * v + offset);
+                }
+                self.saturate(&mut planes);
+                self.interleave(&planes, row);
             }
         });
     }
 
-    /// Output row `i`'s bilinear samples (0–255 floats) into `row`.
+    /// Output row `i`'s bilinear samples (0–255 floats) into `planes` (C planes of out_width).
     #[inline(always)]
-    fn sample_row(&self, i: usize, row: &mut [f32], scratch: &mut [f32]) {
+    fn sample_row(&self, i: usize, planes: &mut [f32], span: &mut [f32]) {
+        let planes = split::<C>(planes, self.out_width);
         match &self.geometry {
             Geometry::Separable {
                 columns,
                 rows,
-                span,
+                span: range,
             } => {
                 let y = rows[i];
-                let top = &self.pixels[y.near + span.start..y.near + span.end];
-                let bottom = &self.pixels[y.far + span.start..y.far + span.end];
-                for ((blend, &a), &b) in scratch.iter_mut().zip(top).zip(bottom) {
+                let top = &self.pixels[y.near + range.start..y.near + range.end];
+                let bottom = &self.pixels[y.far + range.start..y.far + range.end];
+                for ((blend, &a), &b) in span.iter_mut().zip(top).zip(bottom) {
                     let a = f32::from(a);
                     *blend = a + (f32::from(b) - a) * y.weight;
                 }
-                for (px, &x) in row.chunks_exact_mut(C).zip(columns) {
-                    let left = pixel::<C>(&scratch[x.near..x.near + C]);
-                    let right = pixel::<C>(&scratch[x.far..x.far + C]);
+                for (j, &x) in columns.iter().enumerate() {
+                    let left = pixel::<C>(&span[x.near..x.near + C]);
+                    let right = pixel::<C>(&span[x.far..x.far + C]);
                     for c in 0..C {
-                        px[c] = left[c] + (right[c] - left[c]) * x.weight;
+                        planes[c][j] = left[c] + (right[c] - left[c]) * x.weight;
                     }
                 }
             }
@@ -387,11 +400,15 @@ impl<'a, const C: usize> Image<'a, C> {
                 row_y,
             } => {
                 let (x0, y0) = (row_x[i], row_y[i]);
+                let (last_x, last_y) = ((self.width - 1) as f32, (self.height - 1) as f32);
                 let positions = column_x.iter().zip(column_y);
-                for (px, (&x, &y)) in row.chunks_exact_mut(C).zip(positions) {
-                    let x = Taps::at(x + x0, self.width, C);
-                    let y = Taps::at(y + y0, self.height, self.width * C);
-                    px.copy_from_slice(&self.bilinear(x, y));
+                for (j, (&x, &y)) in positions.enumerate() {
+                    let x = Taps::at(x + x0, last_x, self.width, C);
+                    let y = Taps::at(y + y0, last_y, self.height, self.width * C);
+                    let v = self.bilinear(x, y);
+                    for c in 0..C {
+                        planes[c][j] = v[c];
+                    }
                 }
             }
         }
@@ -413,25 +430,45 @@ impl<'a, const C: usize> Image<'a, C> {
     }
 
     #[inline(always)]
-    fn brighten(&self, v: [f32; C]) -> [f32; C] {
-        v.map(|x| clamp(x * self.brightness))
+    fn brighten(&self, planes: &mut [f32]) {
+        for v in planes {
+            *v = clamp(*v * self.brightness);
+        }
     }
 
     #[inline(always)]
-    fn saturate(&self, v: [f32; C]) -> [f32; C] {
+    fn saturate(&self, planes: &mut [f32]) {
         if C != 3 {
-            return v; // `check` refused saturation without colour
+            return; // `check` refused saturation without colour
         }
-        let grey = (1.0 - self.saturation) * gray(&v);
-        v.map(|x| clamp(self.saturation * x + grey))
+        let [r, g, b] = split::<3>(planes, self.out_width);
+        let (keep, mix) = (self.saturation, 1.0 - self.saturation);
+        for ((r, g), b) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()) {
+            let grey = mix * (GRAY[0] * *r + GRAY[1] * *g + GRAY[2] * *b);
+            *r = clamp(keep * *r + grey);
+            *g = clamp(keep * *g + grey);
+            *b = clamp(keep * *b + grey);
+        }
     }
 
+    /// The planes into `row`, interleaved and normalised (`x * scale - shift`).
     #[inline(always)]
-    fn normalise(&self, v: [f32; C], px: &mut [f32]) {
-        for c in 0..C {
-            px[c] = v[c] * self.scale[c] - self.shift[c];
+    fn interleave(&self, planes: &[f32], row: &mut [f32]) {
+        let planes: [&[f32]; C] =
+            std::array::from_fn(|c| &planes[c * self.out_width..(c + 1) * self.out_width]);
+        for (j, px) in row.chunks_exact_mut(C).enumerate() {
+            for c in 0..C {
+                px[c] = planes[c][j] * self.scale[c] - self.shift[c];
+            }
         }
     }
+}
+
+/// The C planes of `width` values that `values` holds, each mutable.
+#[inline(always)]
+fn split<const C: usize>(values: &mut [f32], width: usize) -> [&mut [f32]; C] {
+    let mut planes = values.chunks_exact_mut(width);
+    std::array::from_fn(|_| planes.next().expect("C planes"))
 }
 
 /// The first C values of `values` as an array.
@@ -440,13 +477,26 @@ fn pixel<const C: usize>(values: &[f32]) -> [f32; C] {
     values[..C].try_into().unwrap()
 }
 
-#[inline(always)]
-fn gray<const C: usize>(v: &[f32; C]) -> f32 {
-    if C == 3 {
-        GRAY[0] * v[0] + GRAY[1] * v[1] + GRAY[2] * v[2]
-    } else {
-        v[0]
+/// The sum of the grey of the C planes in `planes`, in eight lanes (so it vectorises; the
+/// order depends only on the row's length).
+fn grey_sum<const C: usize>(planes: &[f32]) -> f64 {
+    let width = planes.len() / C;
+    let grey = |j: usize| {
+        if C == 3 {
+            GRAY[0] * planes[j] + GRAY[1] * planes[width + j] + GRAY[2] * planes[2 * width + j]
+        } else {
+            planes[j]
+        }
+    };
+    let mut lanes = [0f32; 8];
+    let whole = width / 8 * 8;
+    for start in (0..whole).step_by(8) {
+        for (lane, total) in lanes.iter_mut().enumerate() {
+            *total += grey(start + lane);
+        }
     }
+    let tail: f32 = (whole..width).map(grey).sum();
+    lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(tail)
 }
 
 #[inline(always)]
