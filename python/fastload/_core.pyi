@@ -57,6 +57,7 @@ def augment(
 ) -> None:
     """Writes the augmented N×H'×W'×C float32 batch of uint8 N×H×W×C `images` into `out`
     (theta N×2×3 or None, colour N×3, scale and shift one per channel), GIL released."""
+
 def check_meta(meta_json: str) -> None: ...
 def evict(path: _Path) -> None: ...
 

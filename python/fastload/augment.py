@@ -337,7 +337,7 @@ class Augment:
             return out
         p = self.params(keys, epoch, height, width)
         theta = self._theta(p, height, width, out_h, out_w).to(dtype) if self.geometric else None
-        if images.device.type == "cpu" and dtype == torch.float32:
+        if images.device.type == "cpu" and dtype == torch.float32 and channels in (1, 3):
             self._apply_native(images, p, theta, scale, shift, out)
         else:
             self._apply_torch(images, p, theta, scale, shift, out)
@@ -350,7 +350,9 @@ class Augment:
         colour = torch.stack([p["brightness"], p["contrast"], p["saturation"]], dim=1)
         per_channel = [v.reshape(-1).expand(channels).contiguous().numpy() for v in (scale, shift)]
         nhwc = out.permute(0, 2, 3, 1)
-        target = nhwc if nhwc.is_contiguous() else torch.empty_like(nhwc, memory_format=torch.contiguous_format)
+        target = (
+            nhwc if nhwc.is_contiguous() else torch.empty_like(nhwc, memory_format=torch.contiguous_format)
+        )
         _core.augment(
             images.contiguous().numpy(),
             None if theta is None else theta.contiguous().numpy(),
