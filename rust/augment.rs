@@ -16,6 +16,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::pagecache;
 use crate::pool;
 
 /// ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses.
@@ -23,6 +24,9 @@ const GRAY: [f32; 3] = [0.2989, 0.587, 0.114];
 
 /// The longest side a float32 pixel position still resolves to a fraction of a pixel.
 const MAX_SIDE: usize = 1 << 20;
+
+/// Outputs of at least this many bytes (usually a fresh tensor) ask for huge pages first.
+const HUGE_PAGE_OUTPUT: usize = 4 << 20;
 
 /// Output pixels per rayon task: enough to amortise scheduling, few enough to balance.
 const PIXELS_PER_TASK: usize = 1 << 14;
@@ -62,6 +66,9 @@ pub fn augment(images: &[u8], shape: Shape, plan: &Plan, out: &mut [f32]) -> Res
     let out_len = plan.out_height * plan.out_width * shape.channels;
     if shape.count == 0 || out_len == 0 {
         return Ok(());
+    }
+    if std::mem::size_of_val(out) >= HUGE_PAGE_OUTPUT {
+        pagecache::prefer_huge_pages(out.as_ptr().cast(), std::mem::size_of_val(out));
     }
     pool::install(|| {
         out.par_chunks_mut(out_len)
