@@ -3,9 +3,20 @@ device, with per-sample parameters that depend only on (seed, epoch, record inde
 
 Why: per-sample torchvision transforms in DataLoader workers are the CPU-bound path fastload
 replaces, and batched torchvision v2 transforms draw one set of parameters for a whole batch.
-Here the geometry of every sample (crop, flips, rotation, translation) is one affine grid +
-`grid_sample` over the batch, the colour jitter is vectorised per sample, and both run on the
-float conversion of the uint8 batch that `to_device` does anyway.
+Here the geometry of every sample (crop, flips, rotation, translation) is one affine matrix
+per sample, and the colour jitter one set of factors per sample, applied to the whole batch.
+
+Two paths run the same semantics (bilinear, border padding, align_corners=False, then the
+jitter, then the normalisation), chosen in `apply`:
+
+- float32 on the CPU with 1 or 3 channels: `_core.augment` (rust/augment.rs), a fused kernel
+  that reads the bilinear taps straight from the uint8 pixels and jitters and normalises each
+  output pixel as it is written, on the Rust thread pool (`FASTLOAD_NUM_THREADS`). On the CPU
+  the torch ops spend most of their time converting the whole input to float and passing
+  over the output again for each step.
+- every other device and dtype (CUDA, bfloat16, float64, other channel counts): torch ops,
+  one affine grid + `grid_sample` over the float batch, then the jitter in place; there these
+  passes cost bandwidth only. The two agree to float32 rounding (tests/test_augment_kernel.py).
 
 Order, fixed: random resized crop -> horizontal flip -> vertical flip -> rotation and
 translation (about the output's centre) -> brightness -> contrast -> saturation ->
@@ -39,9 +50,9 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses
 
-# On the CPU a batch goes through in groups of samples whose float images fit this many bytes,
-# so each pass over them stays in the cache (one pass over a whole 224x224 batch of 64 goes to
-# memory: 1.8x the CPU time). Accelerators take the batch at once.
+# On the CPU the torch path (dtypes other than float32) takes a batch in groups of samples whose
+# float images fit this many bytes, so each pass over them stays in the cache (one pass over a
+# whole 224x224 batch of 64 goes to memory: 1.8x the CPU time). Accelerators take the batch at once.
 _CPU_WORKING_SET = 8 << 20
 
 SPEC_TERMS = ("crop", "flip", "vflip", "jitter", "rotate", "translate")
