@@ -508,7 +508,7 @@ fn grey_sum<const C: usize>(planes: &[f32]) -> f64 {
 
 #[inline(always)]
 fn clamp(x: f32) -> f32 {
-    x.max(0.0).min(255.0)
+    x.clamp(0.0, 255.0)
 }
 
 #[cfg(test)]
