@@ -11,7 +11,10 @@
 //! align_corners=False)` of the image -> brightness -> contrast (blend with the mean grey of
 //! the brightened image) -> saturation (blend with each pixel's grey), each clamped to
 //! 0..=255 -> `x * scale - shift`. Images run in parallel on the process's rayon pool, and
-//! the rows of one image in bands, so one large image also uses every thread.
+//! the rows of one image in bands, so one large image also uses every thread. Nothing is
+//! allocated per pixel or row: tables per image, a scratch row per thread.
+
+use std::cell::RefCell;
 
 use rayon::prelude::*;
 
@@ -338,13 +341,15 @@ impl<'a, const C: usize> Image<'a, C> {
             out.par_chunks_mut(band_len)
                 .enumerate()
                 .for_each(|(band, out)| {
-                    let (mut span, mut planes) = (vec![0f32; span_len], vec![0f32; row_len]);
-                    for (k, row) in out.chunks_exact_mut(row_len).enumerate() {
-                        self.sample_row(band * rows_per_task + k, &mut planes, &mut span);
-                        self.brighten(&mut planes);
-                        self.saturate(&mut planes);
-                        self.interleave(&planes, row);
-                    }
+                    with_scratch(span_len + row_len, |scratch| {
+                        let (span, planes) = scratch.split_at_mut(span_len);
+                        for (k, row) in out.chunks_exact_mut(row_len).enumerate() {
+                            self.sample_row(band * rows_per_task + k, planes, span);
+                            self.brighten(planes);
+                            self.saturate(planes);
+                            self.interleave(planes, row);
+                        }
+                    })
                 });
             return;
         }
@@ -354,24 +359,26 @@ impl<'a, const C: usize> Image<'a, C> {
             .zip(row_sums.par_chunks_mut(rows_per_task))
             .enumerate()
             .for_each(|(band, (out, sums))| {
-                let mut span = vec![0f32; span_len];
-                for (k, (row, sum)) in out.chunks_exact_mut(row_len).zip(sums).enumerate() {
-                    self.sample_row(band * rows_per_task + k, row, &mut span);
-                    self.brighten(row);
-                    *sum = grey_sum::<C>(row);
-                }
+                with_scratch(span_len, |span| {
+                    for (k, (row, sum)) in out.chunks_exact_mut(row_len).zip(sums).enumerate() {
+                        self.sample_row(band * rows_per_task + k, row, span);
+                        self.brighten(row);
+                        *sum = grey_sum::<C>(row);
+                    }
+                })
             });
         let mean = row_sums.iter().sum::<f64>() / (self.out_height * width) as f64;
         let offset = (1.0 - self.contrast) * mean as f32;
         out.par_chunks_mut(band_len).for_each(|out| {
-            let mut planes = vec![0f32; row_len];
-            for row in out.chunks_exact_mut(row_len) {
-                for (to, &v) in planes.iter_mut().zip(row.iter()) {
-                    *to = clamp(self.contrast * v + offset);
+            with_scratch(row_len, |planes| {
+                for row in out.chunks_exact_mut(row_len) {
+                    for (to, &v) in planes.iter_mut().zip(row.iter()) {
+                        *to = clamp(self.contrast * v + offset);
+                    }
+                    self.saturate(planes);
+                    self.interleave(planes, row);
                 }
-                self.saturate(&mut planes);
-                self.interleave(&planes, row);
-            }
+            })
         });
     }
 
@@ -469,6 +476,23 @@ impl<'a, const C: usize> Image<'a, C> {
             }
         }
     }
+}
+
+thread_local! {
+    /// Each pool thread's scratch (a row's source span and planes), grown as needed and kept.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` floats of this thread's scratch (`f` must not start parallel work, which
+/// could run another band on this thread while the scratch is lent).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        if scratch.len() < len {
+            scratch.resize(len, 0.0);
+        }
+        f(&mut scratch[..len])
+    })
 }
 
 /// The C planes of `width` values that `values` holds, each mutable.
