@@ -3,9 +3,10 @@
 //!
 //! Why: the torch path turns the whole input into floats for `grid_sample` and then makes
 //! several more passes over the output; on a CPU that is memory traffic, not arithmetic. Here
-//! each output pixel reads its four bilinear taps straight from the uint8 image and is
-//! jittered and normalised while it is in registers. Only contrast, which blends with the
-//! mean grey of the whole image, costs a second pass over the (cache-warm) output.
+//! each output row is sampled straight from the uint8 image (without rotation: its two source
+//! rows blended over the columns it reads, then each column; with rotation: four taps per
+//! pixel), jittered and normalised while it is in the cache, and written once. Only contrast,
+//! which blends with the mean grey of the whole image, costs a second pass over the output.
 //!
 //! Semantics, fixed: `grid_sample(mode="bilinear", padding_mode="border",
 //! align_corners=False)` of the image -> brightness -> contrast (blend with the mean grey of
