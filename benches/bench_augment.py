@@ -15,9 +15,13 @@ float32 and ImageNet normalisation. Timed, alternating, median of `--repeats` ro
 - kornia.augmentation on the float batch (if kornia is installed): batched, per-sample
   parameters, from a generator.
 
-Prints batches/s per method and fastload's ratio to each.
+Prints batches/s per method and fastload's ratio to each. With `--split`, instead: the CPU time
+per batch of the native CPU kernel (`_core.augment`, what to_device runs for float32 on the
+CPU) on the same crops and flips, with the colour steps added one at a time, into a reused
+output and into a fresh one (whose page faults count too), on `FASTLOAD_NUM_THREADS` threads.
 
     python benches/bench_augment.py [--images 256] [--batches 16] [--repeats 5] [--device cpu] [--threads N]
+    python benches/bench_augment.py --split [--repeats 5]
 """
 
 from __future__ import annotations
@@ -90,6 +94,41 @@ def rounds(methods: dict, repeats: int) -> dict:
     return rates
 
 
+def kernel_split(repeats: int) -> None:
+    """CPU and wall ms per batch of `_core.augment` by what it is asked to do (medians of
+    `repeats`)."""
+    from fastload import _core
+
+    aug = Augment(size=CROP, scale=(0.08, 1.0), hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4)
+    images = photo_like(BATCH)
+    draws = aug.params(torch.arange(BATCH), 0, SIDE, SIDE)
+    theta = aug._theta(draws, SIDE, SIDE, CROP, CROP).numpy()
+    factors = torch.stack([draws["brightness"], draws["contrast"], draws["saturation"]], dim=1).numpy()
+    scale = (1 / (255 * np.array(STD))).astype(np.float32)
+    shift = (np.array(MEAN) / np.array(STD)).astype(np.float32)
+    reused = np.empty((BATCH, CROP, CROP, 3), np.float32)
+    cases = {
+        "sampling + normalisation (factors 1)": np.ones_like(factors),
+        "+ brightness and saturation (one pass)": np.where([True, False, True], factors, np.float32(1)),
+        "+ contrast (the second pass): all of the bench's ops": factors,
+    }
+    print(f"_core.augment, batch {BATCH}, {SIDE}x{SIDE} -> {CROP}x{CROP}, {_core.num_threads()} threads")
+    for name, colour in cases.items():
+        for fresh in (False, True):
+            cpu, wall = [], []
+            for _ in range(repeats):
+                start, start_wall = time.process_time(), time.perf_counter()
+                out = np.empty_like(reused) if fresh else reused
+                _core.augment(images, theta, colour, scale, shift, out)
+                cpu.append(time.process_time() - start)
+                wall.append(time.perf_counter() - start_wall)
+            label = "fresh output" if fresh else "reused output"
+            print(
+                f"{name:<54} {label:<14} {1000 * statistics.median(cpu):6.1f} ms CPU "
+                f"{1000 * statistics.median(wall):6.1f} ms wall"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=256, help="records in the store (default 256)")
@@ -98,7 +137,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the torchvision recipe")
     parser.add_argument("--device", default="cpu", help="where fastload and kornia augment (default cpu)")
     parser.add_argument("--threads", type=int, help="torch threads of this process (default: torch's choice)")
+    parser.add_argument("--split", action="store_true", help="time the CPU kernel's parts instead")
     args = parser.parse_args()
+    if args.split:
+        kernel_split(args.repeats)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     aug = Augment(size=CROP, scale=(0.08, 1.0), hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4)

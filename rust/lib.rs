@@ -1,7 +1,8 @@
-//! fastload's Rust core: a memory-mapped store of fixed-size uint8 images and the
-//! parallel gather that copies batches out of it. The `python` feature adds the
-//! thin PyO3 binding in `bindings/`.
+//! fastload's Rust core: a memory-mapped store of fixed-size uint8 images, the
+//! parallel gather that copies batches out of it, and the CPU augmentation kernel.
+//! The `python` feature adds the thin PyO3 binding in `bindings/`.
 
+pub mod augment;
 pub mod error;
 pub mod format;
 pub mod gather;

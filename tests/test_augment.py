@@ -535,7 +535,9 @@ def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):
     import fastload.augment
 
     images = smooth_images(n=7)
-    whole = to_device(images, "cpu", mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
-    monkeypatch.setattr(fastload.augment, "_CPU_WORKING_SET", 3 * 2 * (24 * 20 + 8 * 8) * 4)  # 2 per group
-    grouped = to_device(images, "cpu", mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
+    # float64 takes the torch path on the CPU (float32 the native kernel, which has no groups)
+    options = dict(dtype=torch.float64, mean=(0.5,), std=(0.3,), augment=AUG, keys=torch.arange(7), epoch=1)
+    whole = to_device(images, "cpu", **options)
+    monkeypatch.setattr(fastload.augment, "_CPU_WORKING_SET", 3 * 2 * (24 * 20 + 8 * 8) * 8)  # 2 per group
+    grouped = to_device(images, "cpu", **options)
     assert torch.equal(whole, grouped) and grouped.is_contiguous(memory_format=torch.channels_last)

@@ -26,6 +26,7 @@ __all__ = [
     "StoreError",
     "StoreWriter",
     "__version__",
+    "augment",
     "check_meta",
     "evict",
     "num_threads",
@@ -46,6 +47,17 @@ class StoreError(Exception):
     """A store file is missing, unreadable, damaged, or not a fastload store."""
 
 def num_threads() -> int: ...
+def augment(
+    images: npt.NDArray[np.uint8],
+    theta: Optional[npt.NDArray[np.float32]],
+    colour: npt.NDArray[np.float32],
+    scale: npt.NDArray[np.float32],
+    shift: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+) -> None:
+    """Writes the augmented N×H'×W'×C float32 batch of uint8 N×H×W×C `images` into `out`
+    (theta N×2×3 or None, colour N×3, scale and shift one per channel), GIL released."""
+
 def check_meta(meta_json: str) -> None: ...
 def evict(path: _Path) -> None: ...
 

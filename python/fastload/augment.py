@@ -3,9 +3,20 @@ device, with per-sample parameters that depend only on (seed, epoch, record inde
 
 Why: per-sample torchvision transforms in DataLoader workers are the CPU-bound path fastload
 replaces, and batched torchvision v2 transforms draw one set of parameters for a whole batch.
-Here the geometry of every sample (crop, flips, rotation, translation) is one affine grid +
-`grid_sample` over the batch, the colour jitter is vectorised per sample, and both run on the
-float conversion of the uint8 batch that `to_device` does anyway.
+Here the geometry of every sample (crop, flips, rotation, translation) is one affine matrix
+per sample, and the colour jitter one set of factors per sample, applied to the whole batch.
+
+Two paths run the same semantics (bilinear, border padding, align_corners=False, then the
+jitter, then the normalisation), chosen in `apply`:
+
+- float32 on the CPU with 1 or 3 channels: `_core.augment` (rust/augment.rs), a fused kernel
+  that reads the bilinear taps straight from the uint8 pixels and jitters and normalises each
+  output pixel as it is written, on the Rust thread pool (`FASTLOAD_NUM_THREADS`). On the CPU
+  the torch ops spend most of their time converting the whole input to float and passing
+  over the output again for each step.
+- every other device and dtype (CUDA, bfloat16, float64, other channel counts): torch ops,
+  one affine grid + `grid_sample` over the float batch, then the jitter in place; there these
+  passes cost bandwidth only. The two agree to float32 rounding (tests/test_augment_kernel.py).
 
 Order, fixed: random resized crop -> horizontal flip -> vertical flip -> rotation and
 translation (about the output's centre) -> brightness -> contrast -> saturation ->
@@ -25,6 +36,8 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from fastload import _core
+
 # One fixed slot per random number, so enabling one op never changes another's draws.
 _CROP_ATTEMPTS = 10  # as torchvision's RandomResizedCrop: the first crop that fits wins
 _SCALE, _RATIO = 0, _CROP_ATTEMPTS
@@ -37,9 +50,9 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, the weights torchvision's rgb_to_grayscale uses
 
-# On the CPU a batch goes through in groups of samples whose float images fit this many bytes,
-# so each pass over them stays in the cache (one pass over a whole 224x224 batch of 64 goes to
-# memory: 1.8x the CPU time). Accelerators take the batch at once.
+# On the CPU the torch path (dtypes other than float32) takes a batch in groups of samples whose
+# float images fit this many bytes, so each pass over them stays in the cache (one pass over a
+# whole 224x224 batch of 64 goes to memory: 1.8x the CPU time). Accelerators take the batch at once.
 _CPU_WORKING_SET = 8 << 20
 
 SPEC_TERMS = ("crop", "flip", "vflip", "jitter", "rotate", "translate")
@@ -121,8 +134,8 @@ class Augment:
     - `degrees`: rotation drawn in [-degrees, degrees] (counter-clockwise, about the centre);
       `translate`: shift drawn in [-translate, translate] × the output's width and height.
       Pixels from outside the image repeat its border.
-    - `brightness`, `contrast`, `saturation`: factors drawn in [1 - x, 1 + x], as
-      torchvision's ColorJitter (applied in that order, each clamped to the valid range).
+    - `brightness`, `contrast`, `saturation`: factors drawn in [1 - x, 1 + x] and floored at
+      0, as torchvision's ColorJitter (applied in that order, each clamped to the valid range).
     - `seed`: with the epoch and the record index, what decides every draw.
 
     Resampling is bilinear without antialiasing, so a crop shrunk more than 2x aliases where
@@ -245,7 +258,7 @@ class Augment:
         }
         for name, slot in (("brightness", _BRIGHTNESS), ("contrast", _CONTRAST), ("saturation", _SATURATION)):
             strength = getattr(self, name)
-            params[name] = 1 + (2 * u[:, slot] - 1) * strength
+            params[name] = (1 + (2 * u[:, slot] - 1) * strength).clamp_(min=0.0)  # no negative gain
         return params
 
     def _crop_sizes(self, u: torch.Tensor, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -335,6 +348,38 @@ class Augment:
             return out
         p = self.params(keys, epoch, height, width)
         theta = self._theta(p, height, width, out_h, out_w).to(dtype) if self.geometric else None
+        if images.device.type == "cpu" and dtype == torch.float32 and channels in (1, 3):
+            self._apply_native(images, p, theta, scale, shift, out)
+        else:
+            self._apply_torch(images, p, theta, scale, shift, out)
+        return out
+
+    def _apply_native(self, images, p, theta, scale, shift, out: torch.Tensor) -> None:
+        """The CPU float32 path: `_core.augment`, which samples straight from the uint8 pixels
+        and jitters and normalises each pixel as it is written, on the Rust thread pool."""
+        channels = images.shape[3]
+        colour = torch.stack([p["brightness"], p["contrast"], p["saturation"]], dim=1)
+        per_channel = [v.reshape(-1).expand(channels).contiguous().numpy() for v in (scale, shift)]
+        nhwc = out.permute(0, 2, 3, 1)
+        target = (
+            nhwc if nhwc.is_contiguous() else torch.empty_like(nhwc, memory_format=torch.contiguous_format)
+        )
+        _core.augment(
+            images.contiguous().numpy(),
+            None if theta is None else theta.contiguous().numpy(),
+            colour.contiguous().numpy(),
+            *per_channel,
+            target.numpy(),
+        )
+        if target is not nhwc:
+            nhwc.copy_(target)
+
+    def _apply_torch(self, images, p, theta, scale, shift, out: torch.Tensor) -> None:
+        """Every other device and dtype (CUDA runs this): one grid_sample over the float batch,
+        then the jitter; on the CPU in groups of samples whose floats stay in the cache."""
+        n, height, width, channels = images.shape
+        out_h, out_w = out.shape[2:]
+        dtype = out.dtype
         step = (
             n
             if images.device.type != "cpu"
@@ -350,7 +395,6 @@ class Augment:
                 x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
             gain = self._jitter(x, {name: value[part] for name, value in p.items()})
             torch.addcmul(-shift, x, scale if gain is None else scale * gain, out=out[part])
-        return out
 
     def _jitter(self, x: torch.Tensor, p: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
         """Brightness, contrast, saturation in place on 0–255 floats, one factor per sample, in

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+mod augment;
 mod pack;
 mod prefetch;
 mod store;
@@ -42,6 +43,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_META_VALUES", crate::format::MAX_META_VALUES)?;
     m.add("MAX_META_DEPTH", crate::format::MAX_META_DEPTH)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    augment::register(m)?;
     pack::register(m)?;
     prefetch::register(m)?;
     store::register(m)?;

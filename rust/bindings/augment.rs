@@ -1,0 +1,110 @@
+//! Binding of the CPU augmentation kernel: NumPy arrays to slices, the GIL released while it
+//! runs. Every wrong argument is a ValueError that says what was expected.
+
+use numpy::ndarray::Dimension;
+use numpy::{
+    Element, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+    PyReadonlyArray4, PyReadwriteArray, PyReadwriteArray4, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::to_py;
+use crate::augment::{Plan, Shape};
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(augment, m)?)?;
+    Ok(())
+}
+
+fn readonly<'py, T: Element, D: Dimension>(
+    value: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<PyReadonlyArray<'py, T, D>> {
+    value
+        .extract()
+        .map_err(|_| PyValueError::new_err(format!("{what} (a NumPy array)")))
+}
+
+fn slice<'a, T: Element, D: Dimension>(
+    array: &'a PyReadonlyArray<'_, T, D>,
+    name: &str,
+) -> PyResult<&'a [T]> {
+    array
+        .as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+}
+
+/// Writes the augmented float32 N×H'×W'×C batch of uint8 N×H×W×C `images` into `out`:
+/// `theta` N×2×3 (None: no resampling), `colour` N×3 (brightness, contrast, saturation),
+/// `scale` and `shift` one value per channel. See `crate::augment`.
+#[pyfunction]
+fn augment(
+    py: Python<'_>,
+    images: &Bound<'_, PyAny>,
+    theta: Option<&Bound<'_, PyAny>>,
+    colour: &Bound<'_, PyAny>,
+    scale: &Bound<'_, PyAny>,
+    shift: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let images: PyReadonlyArray4<u8> =
+        readonly(images, "images must be a uint8 array of shape N×H×W×C")?;
+    let theta: Option<PyReadonlyArray3<f32>> = theta
+        .map(|t| readonly(t, "theta must be a float32 array of shape N×2×3"))
+        .transpose()?;
+    let colour: PyReadonlyArray2<f32> =
+        readonly(colour, "colour must be a float32 array of shape N×3")?;
+    let scale: PyReadonlyArray1<f32> = readonly(scale, "scale must be a 1-D float32 array")?;
+    let shift: PyReadonlyArray1<f32> = readonly(shift, "shift must be a 1-D float32 array")?;
+    let mut out: PyReadwriteArray4<f32> = out.extract().map_err(|_| {
+        PyValueError::new_err(
+            "out must be a writable float32 NumPy array of shape N×H'×W'×C, apart from the inputs",
+        )
+    })?;
+    let [count, height, width, channels] = images.shape().try_into().expect("4-D");
+    let [out_count, out_height, out_width, out_channels] = out.shape().try_into().expect("4-D");
+    if (out_count, out_channels) != (count, channels) {
+        return Err(PyValueError::new_err(format!(
+            "out must have {count} images of {channels} channels, not {out_count} of {out_channels}"
+        )));
+    }
+    if let Some(t) = &theta {
+        if t.shape() != [count, 2, 3] {
+            return Err(PyValueError::new_err(format!(
+                "theta must be {count}×2×3, not {:?}",
+                t.shape()
+            )));
+        }
+    }
+    if colour.shape() != [count, 3] {
+        return Err(PyValueError::new_err(format!(
+            "colour must be {count}×3, not {:?}",
+            colour.shape()
+        )));
+    }
+    let shape = Shape {
+        count,
+        height,
+        width,
+        channels,
+    };
+    let plan = Plan {
+        out_height,
+        out_width,
+        theta: theta.as_ref().map(|t| slice(t, "theta")).transpose()?,
+        colour: slice(&colour, "colour")?,
+        scale: slice(&scale, "scale")?,
+        shift: slice(&shift, "shift")?,
+    };
+    let pixels = slice(&images, "images")?;
+    let out = writable(&mut out)?;
+    py.detach(|| crate::augment::augment(pixels, shape, &plan, out))
+        .map_err(to_py)
+}
+
+fn writable<'a>(array: &'a mut PyReadwriteArray<'_, f32, numpy::Ix4>) -> PyResult<&'a mut [f32]> {
+    array
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("out must be C-contiguous"))
+}
