@@ -11,7 +11,9 @@ Lattice and pytorch-lattice build): each feature goes through its own calibrator
 with Adam on the CPU from a fixed seed. The guarantees are the layers' (their module
 docstring): monotone by construction after every step, exactly under rounding in each
 calibrator and in a lattice's first monotone input, within a stated rounding bound in the others;
-:meth:`check_monotone` measures it on data.
+:meth:`check_monotone` measures it on data. They cover present values: a missing value (NaN,
+None or a declared sentinel) gets its own learned output, so across a sentinel such as -1 the
+raw input is not monotone.
 
 Why the names: ``LatticeRegressor``/``LatticeClassifier`` say the model family and follow
 scikit-learn's naming; ``MonotonicRegressor`` is the image model that ``fastload train`` fits.
@@ -25,10 +27,13 @@ depend on it. Features are declared by name::
 
 A spec is ``"increasing"``, ``"decreasing"``, ``"categorical"``, ``"convex"``, ``"concave"``,
 None, or a dict of ``monotonicity``, ``convexity``, ``categorical``, ``categories`` (their
-order: a monotone categorical feature is monotone in it), ``missing`` (True: NaN or None is a
-missing value with its own learned output; a value: that value too) and ``num_keypoints``.
+order: a monotone categorical feature is monotone in it, and needs it unless its column is an
+ordered pandas Categorical), ``missing`` (True: NaN or None is a missing value with its own
+learned output; a value: that value too; False or None: no missing values) and
+``num_keypoints``.
 Undeclared features are free; a DataFrame column that is not numeric is categorical. A NumPy
-array's columns are named ``x0``, ``x1``, ... (or declared by position). NaN in a feature not
+array's columns are named ``x0``, ``x1``, ... (or declared by position); a DataFrame's column
+names are strings (``str`` of each when some are not). NaN in a feature not
 declared ``missing`` is an error, as in scikit-learn.
 
 ``kind="linear"`` replaces the lattice by a weighted sum of the calibrated features (TF
@@ -729,7 +734,9 @@ class _LatticeEstimator(BaseEstimator):
 
     def save(self, path: Union[str, Path]) -> None:
         """Writes the declaration, what fit learned and the parameters to ``path``: a torch file
-        of plain values and tensors, which :meth:`load` reads with ``weights_only=True``."""
+        of plain values and tensors, which :meth:`load` reads with ``weights_only=True`` (NumPy
+        scalars become Python's, a RandomState the seed fit drew from it; ValueError naming a
+        parameter that holds anything else)."""
         self._check_fitted()
         names = getattr(self, "feature_names_in_", None)
         params = self.get_params(deep=False)
@@ -757,8 +764,10 @@ class _LatticeEstimator(BaseEstimator):
         """Reads a file written by :meth:`save`. Refuses (ValueError) a file of another
         estimator, one whose stored feature constraints disagree with its own ``features``
         parameter or with its parameters' constraint buffer, and, when ``features`` is given,
-        one whose features do not carry exactly those declarations: what a deployment expects
-        the model to guarantee. Loads with ``weights_only=True``: no code from the file runs."""
+        one whose features do not carry exactly those constraints (monotonicity, convexity,
+        categorical, missing, and the categories' order where given; not keypoint counts or a
+        missing sentinel): what a deployment expects the model to guarantee. Loads with
+        ``weights_only=True``: no code from the file runs."""
         data = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(f"{path} is not a file written by {cls.__name__}.save")
@@ -889,7 +898,7 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     ``num_lattices`` lattices, by default enough to use each feature about twice),
     ``max_iter`` (epochs), ``learning_rate`` (Adam's), ``batch_size`` (None: full batch),
     ``validation_fraction`` and ``n_iter_no_change`` (early stopping), ``random_state`` (an
-    int, or None for a fresh seed), ``kind`` ("lattice", or "linear": module docstring),
+    int, a RandomState or None for a fresh seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
     ``torch_threads`` (torch's intra-op threads while fitting and predicting, restored after;
     these tensors are small, so one thread is fastest: benches/RESULTS.md; None leaves torch's
     setting).
