@@ -444,7 +444,9 @@ def test_plot_calibrators_names_matplotlib_when_it_is_missing(tmp_path, monkeypa
 # ----------------------------------------------------------------------- reviewed defects (#18)
 
 
-@pytest.mark.parametrize("random_state", [1, None, np.random.RandomState(7)], ids=["int", "None", "RandomState"])
+@pytest.mark.parametrize(
+    "random_state", [1, None, np.random.RandomState(7)], ids=["int", "None", "RandomState"]
+)
 def test_a_model_with_an_ensemble_loads_whatever_its_random_state(tmp_path, random_state):
     """Past lattice_rank features the ensemble's subsets come from the seed fit drew."""
     X = np.random.default_rng(0).uniform(size=(40, 6))
@@ -506,7 +508,8 @@ def test_load_compares_the_constraints_and_names_the_field_that_differs(tmp_path
         LatticeRegressor.load(tmp_path / "m.pt", features={"x1": "increasing"})
     with pytest.raises(ValueError, match=r"'x0': categories: expected \['large', 'medium', 'small'\]"):
         LatticeRegressor.load(
-            tmp_path / "m.pt", features={"x0": {"categories": ["large", "medium", "small"], "monotonicity": 1}}
+            tmp_path / "m.pt",
+            features={"x0": {"categories": ["large", "medium", "small"], "monotonicity": 1}},
         )
     with pytest.raises(ValueError, match="declares 'age', which the file's model does not have"):
         LatticeRegressor.load(tmp_path / "m.pt", features={"age": "increasing"})

@@ -493,7 +493,7 @@ class _LatticeEstimator(BaseEstimator):
             values = np.asarray(column, dtype=np.float64)
         except (ValueError, TypeError) as error:
             hint = "; declare it 'categorical'" if fitting else ""
-            raise ValueError(
+            raise type(error)(  # ValueError or TypeError, as NumPy's (scikit-learn checks which)
                 f"feature {feature.name!r} holds values that are not numbers ({error}){hint}"
             ) from error
         missing = np.isnan(values)
@@ -876,7 +876,9 @@ def _redeclare(
         if j is None and key in labels:
             j = labels.index(key)
         if j is None or not 0 <= j < len(labels):
-            raise ValueError(f"features declares {key!r}, which {source} does not have (its features: {labels})")
+            raise ValueError(
+                f"features declares {key!r}, which {source} does not have (its features: {labels})"
+            )
         if j in specs:
             raise ValueError(f"feature {labels[j]!r} is declared twice (by name and by position)")
         specs[j] = spec
