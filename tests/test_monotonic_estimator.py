@@ -397,7 +397,7 @@ def test_a_file_with_altered_constraints_is_refused(tmp_path, edit, message):
 def test_load_refuses_a_model_without_the_expected_constraints(tmp_path):
     X, y = _table(60)
     LatticeRegressor(features={"x0": "increasing"}, max_iter=2).fit(X, y).save(tmp_path / "m.pt")
-    with pytest.raises(ValueError, match="'x1': expected decreasing, the file has free"):
+    with pytest.raises(ValueError, match="'x1': monotonicity: expected decreasing, the file has none"):
         LatticeRegressor.load(tmp_path / "m.pt", features={"x0": "increasing", "x1": "decreasing"})
     with pytest.raises(ValueError, match="declares 'age'"):
         LatticeRegressor.load(tmp_path / "m.pt", features={"age": "increasing"})
@@ -439,3 +439,120 @@ def test_plot_calibrators_names_matplotlib_when_it_is_missing(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     with pytest.raises(ImportError, match="plot_calibrators needs matplotlib"):
         plot_calibrators(model, tmp_path / "x.png")
+
+
+# ----------------------------------------------------------------------- reviewed defects (#18)
+
+
+@pytest.mark.parametrize(
+    "random_state", [1, None, np.random.RandomState(7)], ids=["int", "None", "RandomState"]
+)
+def test_a_model_with_an_ensemble_loads_whatever_its_random_state(tmp_path, random_state):
+    """Past lattice_rank features the ensemble's subsets come from the seed fit drew."""
+    X = np.random.default_rng(0).uniform(size=(40, 6))
+    model = LatticeRegressor(features={"x0": "increasing"}, max_iter=2, random_state=random_state)
+    model.fit(X, X.sum(1)).save(tmp_path / "m.pt")
+    loaded = LatticeRegressor.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    assert loaded.seed_ == model.seed_
+
+
+def test_numpy_values_in_the_parameters_save_as_plain_values(tmp_path):
+    X, y = _with_categories_and_gaps(60)
+    declared = {
+        "x0": {"categories": np.array(["small", "medium", "large"]), "monotonicity": 1},
+        "x1": {"missing": np.True_, "num_keypoints": np.int64(4)},
+        "x2": {"missing": np.float64(-1.0)},
+    }
+    model = LatticeRegressor(
+        features=declared, num_keypoints=np.int64(5), learning_rate=np.float64(0.05), max_iter=np.int64(2)
+    )
+    model.fit(X, y).save(tmp_path / "m.pt")
+    loaded = LatticeRegressor.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    assert loaded.get_params()["num_keypoints"] == 5
+    model.set_params(features={"x0": {"categories": [object(), "a"]}})  # not refitted: save reads it
+    with pytest.raises(ValueError, match="parameter 'features'"):
+        model.save(tmp_path / "unsavable.pt")
+
+
+def test_a_monotone_category_order_must_be_declared():
+    pandas = pytest.importorskip("pandas")
+    X, y = _with_categories_and_gaps(60)
+    frame = pandas.DataFrame({"size": X[:, 0]})
+    with pytest.raises(ValueError, match=r"feature 'size'.*categories=\[\.\.\.\]"):
+        LatticeRegressor(features={"size": "increasing"}, max_iter=2).fit(frame, y)
+    # An ordered pandas Categorical declares its order; an unordered one does not.
+    ordered = ["small", "medium", "large"]
+    frame["size"] = pandas.Categorical(X[:, 0], categories=ordered, ordered=True)
+    model = LatticeRegressor(features={"size": "increasing"}, max_iter=2).fit(frame, y)
+    assert model.categories_[0] == ordered
+    frame["size"] = pandas.Categorical(X[:, 0], categories=ordered)
+    with pytest.raises(ValueError, match="feature 'size'"):
+        LatticeRegressor(features={"size": "increasing"}, max_iter=2).fit(frame, y)
+    assert LatticeRegressor(max_iter=2).fit(frame, y).categories_[0] == sorted(ordered)
+
+
+def test_load_compares_the_constraints_and_names_the_field_that_differs(tmp_path):
+    X, y = _with_categories_and_gaps(60)
+    declared = {
+        "x0": {"categories": ["small", "medium", "large"], "monotonicity": 1},
+        "x1": {"monotonicity": "increasing", "missing": True, "num_keypoints": 4},
+        "x2": {"missing": -1.0},
+    }
+    LatticeRegressor(features=declared, max_iter=2).fit(X, y).save(tmp_path / "m.pt")
+    # num_keypoints and the missing sentinel are not constraints.
+    expected = {"x1": {"monotonicity": "increasing", "missing": True}, "x2": {"missing": True}}
+    LatticeRegressor.load(tmp_path / "m.pt", features=expected)
+    with pytest.raises(ValueError, match="'x1': missing: expected False, the file has True"):
+        LatticeRegressor.load(tmp_path / "m.pt", features={"x1": "increasing"})
+    with pytest.raises(ValueError, match=r"'x0': categories: expected \['large', 'medium', 'small'\]"):
+        LatticeRegressor.load(
+            tmp_path / "m.pt",
+            features={"x0": {"categories": ["large", "medium", "small"], "monotonicity": 1}},
+        )
+    with pytest.raises(ValueError, match="declares 'age', which the file's model does not have"):
+        LatticeRegressor.load(tmp_path / "m.pt", features={"age": "increasing"})
+
+
+@pytest.mark.parametrize("count", [0, 1, 2.5, "10"])
+def test_the_keypoint_count_is_checked(count):
+    X, y = _table(20)
+    with pytest.raises(ValueError, match="num_keypoints must be an int >= 2"):
+        LatticeRegressor(num_keypoints=count, max_iter=2).fit(X, y)
+
+
+def test_text_in_a_numeric_column_at_predict_time_names_the_feature():
+    pandas = pytest.importorskip("pandas")
+    X, y = _table(30)
+    frame = pandas.DataFrame(X, columns=["a", "b", "c"])
+    model = LatticeRegressor(max_iter=2).fit(frame, y)
+    frame["b"] = frame["b"].astype(object)
+    frame.loc[3, "b"] = "n/a"
+    with pytest.raises(ValueError, match="feature 'b' holds values that are not numbers") as error:
+        model.predict(frame)
+    assert "categorical" not in str(error.value)
+
+
+def test_missing_none_means_no_missing_values():
+    X, y = _table(20)
+    assert not LatticeRegressor(features={"x0": {"missing": None}}, max_iter=2).fit(X, y).features_[0].missing
+    X[0, 0] = np.nan
+    with pytest.raises(ValueError, match="contains NaN in feature 'x0'"):
+        LatticeRegressor(features={"x0": {"missing": None}}, max_iter=2).fit(X, y)
+
+
+def test_mixed_column_names_are_kept_as_strings():
+    pandas = pytest.importorskip("pandas")
+    X, y = _table(30)
+    frame = pandas.DataFrame(X, columns=["a", 1, "c"])
+    model = LatticeRegressor(features={"a": "increasing"}, max_iter=2).fit(frame, y)
+    assert list(model.feature_names_in_) == ["a", "1", "c"]
+    assert model.features_[0].monotonicity == 1
+    np.testing.assert_array_equal(model.predict(frame), model.predict(frame.copy()))
+
+
+def test_a_label_of_none_is_refused_clearly():
+    X = np.random.default_rng(0).uniform(size=(6, 2))
+    with pytest.raises(ValueError, match="None"):
+        LatticeClassifier(max_iter=2).fit(X, np.array(["a", "b", None, "a", "b", "a"], dtype=object))

@@ -11,7 +11,9 @@ Lattice and pytorch-lattice build): each feature goes through its own calibrator
 with Adam on the CPU from a fixed seed. The guarantees are the layers' (their module
 docstring): monotone by construction after every step, exactly under rounding in each
 calibrator and in a lattice's first monotone input, within a stated rounding bound in the others;
-:meth:`check_monotone` measures it on data.
+:meth:`check_monotone` measures it on data. They cover present values: a missing value (NaN,
+None or a declared sentinel) gets its own learned output, so across a sentinel such as -1 the
+raw input is not monotone.
 
 Why the names: ``LatticeRegressor``/``LatticeClassifier`` say the model family and follow
 scikit-learn's naming; ``MonotonicRegressor`` is the image model that ``fastload train`` fits.
@@ -25,10 +27,13 @@ depend on it. Features are declared by name::
 
 A spec is ``"increasing"``, ``"decreasing"``, ``"categorical"``, ``"convex"``, ``"concave"``,
 None, or a dict of ``monotonicity``, ``convexity``, ``categorical``, ``categories`` (their
-order: a monotone categorical feature is monotone in it), ``missing`` (True: NaN or None is a
-missing value with its own learned output; a value: that value too) and ``num_keypoints``.
+order: a monotone categorical feature is monotone in it, and needs it unless its column is an
+ordered pandas Categorical), ``missing`` (True: NaN or None is a missing value with its own
+learned output; a value: that value too; False or None: no missing values) and
+``num_keypoints``.
 Undeclared features are free; a DataFrame column that is not numeric is categorical. A NumPy
-array's columns are named ``x0``, ``x1``, ... (or declared by position). NaN in a feature not
+array's columns are named ``x0``, ``x1``, ... (or declared by position); a DataFrame's column
+names are strings (``str`` of each when some are not). NaN in a feature not
 declared ``missing`` is an error, as in scikit-learn.
 
 ``kind="linear"`` replaces the lattice by a weighted sum of the calibrated features (TF
@@ -157,6 +162,14 @@ class _Feature:
         return ", ".join(w for w in words if w) or "free"
 
 
+def _check_keypoint_count(count: Any, where: str) -> int:
+    """``count`` as an int >= 2 (fewer keypoints make a constant calibrator); ValueError naming
+    ``where`` otherwise."""
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 2:
+        raise ValueError(f"{where}num_keypoints must be an int >= 2, got {count!r}")
+    return int(count)
+
+
 def _parse_spec(name: str, spec: Any, categorical_column: bool) -> _Feature:
     """A feature's declaration from its spec (a word, None or a dict); ValueError naming the
     feature for anything else."""
@@ -195,7 +208,9 @@ def _parse_spec(name: str, spec: Any, categorical_column: bool) -> _Feature:
             raise ValueError(
                 f"feature {name!r}: categories must be distinct and not empty, got {list(categories)}"
             )
-    missing = fields.get("missing", False)
+    missing = fields.get("missing")
+    if missing is None or isinstance(missing, (bool, np.bool_)):
+        missing = bool(missing)  # None: no missing values, as False
     missing_value = None if isinstance(missing, bool) else missing
     if (
         missing_value is not None
@@ -204,8 +219,8 @@ def _parse_spec(name: str, spec: Any, categorical_column: bool) -> _Feature:
     ):
         raise ValueError(f"feature {name!r}: missing is True, False or a finite number, got {missing!r}")
     num_keypoints = fields.get("num_keypoints")
-    if num_keypoints is not None and (not isinstance(num_keypoints, numbers.Integral) or num_keypoints < 2):
-        raise ValueError(f"feature {name!r}: num_keypoints must be an int >= 2, got {num_keypoints!r}")
+    if num_keypoints is not None:
+        num_keypoints = _check_keypoint_count(num_keypoints, f"feature {name!r}: ")
     return _Feature(
         name,
         monotonicity,
@@ -214,7 +229,7 @@ def _parse_spec(name: str, spec: Any, categorical_column: bool) -> _Feature:
         categories,
         missing is not False,
         missing_value,
-        None if num_keypoints is None else int(num_keypoints),
+        num_keypoints,
     )
 
 
@@ -232,15 +247,26 @@ def _missing_mask(values: np.ndarray) -> np.ndarray:
         return np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in values], dtype=bool)
 
 
-def _plain(value):
-    """A category or class label as a Python scalar, which a weights-only load accepts."""
+def _plain(value, what: str = "the label"):
+    """A category, class label or parameter value as a Python scalar, which a weights-only load
+    accepts."""
     if isinstance(value, np.generic):
         value = value.item()
     if not isinstance(value, (str, int, float, bool)):
         raise ValueError(
-            f"cannot save the label {value!r} of type {type(value).__name__}: use str, int or float labels"
+            f"cannot save {what} {value!r} of type {type(value).__name__}: use str, int or float values"
         )
     return value
+
+
+def _plain_param(value, name: str):
+    """A parameter's value as plain Python (dicts, lists, scalars, None), so a saved file always
+    loads; ValueError naming the parameter for anything else."""
+    if isinstance(value, dict):
+        return {_plain_param(k, name): _plain_param(v, name) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain_param(v, name) for v in value]
+    return None if value is None else _plain(value, f"the parameter {name!r}, which holds")
 
 
 @contextlib.contextmanager
@@ -393,7 +419,8 @@ class _LatticeEstimator(BaseEstimator):
         if hasattr(X, "nnz") and hasattr(X, "toarray"):
             raise TypeError("sparse input is not supported: densify it with X.toarray()")
         if _is_frame(X):
-            names = [str(c) for c in X.columns] if all(isinstance(c, str) for c in X.columns) else None
+            # Names as strings once any is a string, so a mixed frame's names still declare.
+            names = [str(c) for c in X.columns] if any(isinstance(c, str) for c in X.columns) else None
             shape = tuple(X.shape)
             columns = [X.iloc[:, j] for j in range(shape[1])]
         else:
@@ -460,13 +487,14 @@ class _LatticeEstimator(BaseEstimator):
         return torch.tensor(encoded, dtype=torch.float32)
 
     def _encode_numbers(self, j: int, feature: _Feature, column, fitting: bool) -> np.ndarray:
-        if _is_frame_column(column):
-            column = column.to_numpy(dtype=np.float64, na_value=np.nan)
         try:
+            if _is_frame_column(column):
+                column = column.to_numpy(dtype=np.float64, na_value=np.nan)
             values = np.asarray(column, dtype=np.float64)
-        except ValueError as error:
-            raise ValueError(
-                f"feature {feature.name!r} holds values that are not numbers ({error}); declare it 'categorical'"
+        except (ValueError, TypeError) as error:
+            hint = "; declare it 'categorical'" if fitting else ""
+            raise type(error)(  # ValueError or TypeError, as NumPy's (scikit-learn checks which)
+                f"feature {feature.name!r} holds values that are not numbers ({error}){hint}"
             ) from error
         missing = np.isnan(values)
         if feature.missing_value is not None:
@@ -509,6 +537,14 @@ class _LatticeEstimator(BaseEstimator):
         if fitting:
             if feature.categories is not None:
                 categories = list(feature.categories)
+            elif _is_frame_column(column) and getattr(getattr(column, "cat", None), "ordered", False):
+                categories = column.cat.categories.tolist()  # an ordered Categorical declares it
+            elif feature.monotonicity:
+                raise ValueError(
+                    f"feature {feature.name!r} is monotone but the order of its categories is not "
+                    "declared: pass categories=[...] in its spec (lowest first), or an ordered "
+                    "pandas Categorical"
+                )
             else:
                 distinct = list(dict.fromkeys(values[~missing].tolist()))
                 try:
@@ -541,6 +577,7 @@ class _LatticeEstimator(BaseEstimator):
     def _prepare(self, X, fitting: bool) -> torch.Tensor:
         columns, names, shape = self._columns(X, fitting)
         if fitting:
+            _check_keypoint_count(self.num_keypoints, "")
             self.features_ = self._declare(columns, names)
             self.n_features_in_ = shape[1]
             if names is not None:
@@ -592,9 +629,9 @@ class _LatticeEstimator(BaseEstimator):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        seed = self._seed()
-        model = self._build(num_outputs, seed)
-        generator = torch.Generator().manual_seed(seed)
+        self.seed_ = self._seed()  # load builds the same ensemble subsets from it
+        model = self._build(num_outputs, self.seed_)
+        generator = torch.Generator().manual_seed(self.seed_)
         train_x, train_t, val_x, val_t = x, target, None, None
         if self.validation_fraction is not None:
             if not 0 < self.validation_fraction < 1:
@@ -697,20 +734,26 @@ class _LatticeEstimator(BaseEstimator):
 
     def save(self, path: Union[str, Path]) -> None:
         """Writes the declaration, what fit learned and the parameters to ``path``: a torch file
-        of plain values and tensors, which :meth:`load` reads with ``weights_only=True``."""
+        of plain values and tensors, which :meth:`load` reads with ``weights_only=True`` (NumPy
+        scalars become Python's, a RandomState the seed fit drew from it; ValueError naming a
+        parameter that holds anything else)."""
         self._check_fitted()
         names = getattr(self, "feature_names_in_", None)
+        params = self.get_params(deep=False)
+        if isinstance(params["random_state"], np.random.RandomState):
+            params["random_state"] = self.seed_  # what fit drew from it
         torch.save(
             {
                 "format": _FORMAT,
                 "estimator": type(self).__name__,
-                "params": self.get_params(deep=False),
+                "params": {name: _plain_param(value, name) for name, value in params.items()},
                 "features": [_saved_feature(f) for f in self.features_],
                 "feature_names_in": None if names is None else [str(n) for n in names],
                 "keypoints": self.keypoints_,
                 "categories": [None if c is None else [_plain(v) for v in c] for c in self.categories_],
                 "fitted": self._fitted_state(),
                 "n_iter": self.n_iter_,
+                "seed": self.seed_,
                 "state": self.model_.state_dict(),
             },
             path,
@@ -721,8 +764,10 @@ class _LatticeEstimator(BaseEstimator):
         """Reads a file written by :meth:`save`. Refuses (ValueError) a file of another
         estimator, one whose stored feature constraints disagree with its own ``features``
         parameter or with its parameters' constraint buffer, and, when ``features`` is given,
-        one whose features do not carry exactly those declarations: what a deployment expects
-        the model to guarantee. Loads with ``weights_only=True``: no code from the file runs."""
+        one whose features do not carry exactly those constraints (monotonicity, convexity,
+        categorical, missing, and the categories' order where given; not keypoint counts or a
+        missing sentinel): what a deployment expects the model to guarantee. Loads with
+        ``weights_only=True``: no code from the file runs."""
         data = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(f"{path} is not a file written by {cls.__name__}.save")
@@ -740,10 +785,13 @@ class _LatticeEstimator(BaseEstimator):
                 f"{[f.description for f in declared]}; the file was altered"
             )
         if features is not None:
+            expected = _redeclare(features, labels, by_dtype, only_declared=True, source="the file's model")
             differ = [
-                f"{e.name!r}: expected {e.description}, the file has {stored[labels.index(e.name)].description}"
-                for e in _redeclare(features, labels, by_dtype, only_declared=True)
-                if stored[labels.index(e.name)] != e
+                difference
+                for e in expected
+                for difference in _constraint_differences(
+                    e, stored[labels.index(e.name)], data["categories"][labels.index(e.name)]
+                )
             ]
             if differ:
                 raise ValueError(f"{path} does not declare the expected features: " + "; ".join(differ))
@@ -752,11 +800,40 @@ class _LatticeEstimator(BaseEstimator):
             estimator.feature_names_in_ = np.array(data["feature_names_in"], dtype=object)
         estimator.keypoints_, estimator.categories_ = data["keypoints"], data["categories"]
         estimator._restore(data["fitted"])
-        estimator.n_iter_ = data["n_iter"]
-        model = estimator._build(estimator._num_outputs(), 0)
+        estimator.n_iter_, estimator.seed_ = data["n_iter"], data["seed"]
+        model = estimator._build(estimator._num_outputs(), estimator.seed_)
         model.load_state_dict(data["state"])  # refuses a state with other constraints
         estimator.model_ = model.eval()
         return estimator
+
+
+_CONSTRAINT_WORDS = {
+    "monotonicity": {1: "increasing", -1: "decreasing", 0: "none"},
+    "convexity": {1: "convex", -1: "concave", 0: "none"},
+}
+
+
+def _constraint_differences(
+    expected: _Feature, stored: _Feature, categories: Optional[List[Any]]
+) -> List[str]:
+    """How ``stored`` (whose learned categories, in order, are ``categories``) breaks the
+    constraints ``expected`` declares, one line per field; keypoint counts and a missing value's
+    sentinel are not constraints, and the categories' order counts where ``expected`` gives it."""
+    fields = ["monotonicity", "convexity", "categorical", "missing"]
+    have = {f: getattr(stored, f) for f in fields}
+    if expected.categories is not None:
+        fields.append("categories")
+        have["categories"] = None if categories is None else tuple(categories)
+
+    def shown(field: str, value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else _CONSTRAINT_WORDS.get(field, {}).get(value, value)
+
+    return [
+        f"{expected.name!r}: {field}: expected {shown(field, getattr(expected, field))}, "
+        f"the file has {shown(field, have[field])}"
+        for field in fields
+        if getattr(expected, field) != have[field]
+    ]
 
 
 def _saved_feature(feature: _Feature) -> Dict[str, Any]:
@@ -788,17 +865,20 @@ def _redeclare(
     labels: List[str],
     categorical: List[bool],
     only_declared: bool = False,
+    source: str = "X",
 ) -> List[_Feature]:
     """Parsed declarations of the features ``labels`` (by name or position); ``categorical``
     marks columns categorical whatever the declaration says (their dtype made them so). With
-    ``only_declared`` just the declared ones; a key that is no feature is an error."""
+    ``only_declared`` just the declared ones; a key that is no feature of ``source`` is an error."""
     specs: Dict[int, Any] = {}
     for key, spec in (features or {}).items():
         j = int(key) if isinstance(key, numbers.Integral) and not isinstance(key, bool) else None
         if j is None and key in labels:
             j = labels.index(key)
         if j is None or not 0 <= j < len(labels):
-            raise ValueError(f"features declares {key!r}, which X does not have (its features: {labels})")
+            raise ValueError(
+                f"features declares {key!r}, which {source} does not have (its features: {labels})"
+            )
         if j in specs:
             raise ValueError(f"feature {labels[j]!r} is declared twice (by name and by position)")
         specs[j] = spec
@@ -820,7 +900,7 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     ``num_lattices`` lattices, by default enough to use each feature about twice),
     ``max_iter`` (epochs), ``learning_rate`` (Adam's), ``batch_size`` (None: full batch),
     ``validation_fraction`` and ``n_iter_no_change`` (early stopping), ``random_state`` (an
-    int, or None for a fresh seed), ``kind`` ("lattice", or "linear": module docstring),
+    int, a RandomState or None for a fresh seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
     ``torch_threads`` (torch's intra-op threads while fitting and predicting, restored after;
     these tensors are small, so one thread is fastest: benches/RESULTS.md; None leaves torch's
     setting).
@@ -942,6 +1022,8 @@ def _regression_target(y, count: int) -> np.ndarray:
 
 def _class_labels(y, count: int) -> np.ndarray:
     y = _target_vector(y, count, "LatticeClassifier")
+    if y.dtype == object and _missing_mask(y).any():
+        raise ValueError("Input y contains None or NaN: every sample needs a class label")
     if y.dtype.kind == "f":
         if not np.isfinite(y).all():
             raise ValueError("Input y contains NaN or infinity.")
