@@ -769,8 +769,8 @@ class LatticeEnsemble(nn.Module):
 
     Subsets come from ``seed`` (deterministic, independent of the global RNG), balance how often
     each input is used, so every input appears in at least one lattice, and are distinct whenever
-    ``num_lattices`` distinct subsets exist (a repeated subset would only repeat a lattice). A
-    state saved before subsets were made distinct still loads (:func:`_draw_subsets`). A monotone input (1 or
+    ``num_lattices`` distinct subsets exist (a repeated subset would only repeat a lattice); a
+    state saved when subsets could repeat still loads, with its own subsets. A monotone input (1 or
     -1, as for :class:`Lattice`) is monotone-declared in every lattice that sees it, and an
     average of functions that are each monotone (or constant) in an input is monotone in it.
     Each subset lists its monotone inputs first: that is the dimension each lattice keeps
@@ -824,7 +824,7 @@ class LatticeEnsemble(nn.Module):
                 # subsets (and this bank's parameter, which an optimizer may already hold).
                 self.input_index = legacy.to(self.input_index.device)
                 raw, bank = self.bank.raw, self.bank
-                with torch.random.fork_rng(devices=[]):  # the unused initial values draw from it
+                with torch.random.fork_rng(devices=[]):  # loading must not move the global RNG
                     self.bank = _LatticeBank(
                         bank.sizes, self._monotone_dimensions(), bank.output_min, bank.output_max
                     )
