@@ -6,10 +6,11 @@ lattice, a rank-4 ensemble of size-2 lattices and 16 calibrators.
 ``python benches/bench_monotonic.py lr``: test RMSE (to the noiseless target) of calibrated lattice
 ensembles on an 8-feature tabular task over a 100x range of Adam learning rates, several seeds, and
 the share of lattice parameters that get exactly zero gradient after training.
-``python benches/bench_monotonic.py table``: fastload (its layers, and its LatticeRegressor), pytorch-lattice, sklearn's IsotonicRegression
-and HistGradientBoostingRegressor(monotonic_cst) on the same data (1-D step, sigmoid and log curves
-at n = 200, 2,000, 20,000; the 8-feature task), several seeds: test RMSE, fit time and the worst
-decrease along monotone inputs on grid lines and random pairs (budget rules above ``CURVES``).
+``python benches/bench_monotonic.py table``: fastload (its layers, and its LatticeRegressor),
+pytorch-lattice, sklearn's IsotonicRegression and HistGradientBoostingRegressor(monotonic_cst) on the
+same data (1-D step, sigmoid and log curves at n = 200, 2,000, 20,000; the 8-feature task), several
+seeds: test RMSE, fit time and the worst decrease along monotone inputs on grid lines and random
+pairs (budget rules above ``CURVES``).
 ``--quick`` is the smoke test ``tests/test_bench_monotonic.py`` runs. Missing optional packages
 leave their methods out.
 """
@@ -226,10 +227,10 @@ def lr_sweep(seeds: int, epochs: int) -> None:
 
 # The comparison table (issue #18). Budget rules, the same for every method and fixed before any
 # run (nothing is tuned on the test set): the gradient-trained models (fastload's layers and its
-# LatticeRegressor, pytorch-lattice) take whole epochs of Adam at lr 1e-2 (--lr sets both) on minibatches of 128 until at least STEPS
-# steps, which is the lr sweep's 100 epochs at n = 2,000; 1-D models are one calibrator of
-# CURVE_KEYPOINTS keypoints on [0, 1] (increasing); the 8-D models are a calibrator per feature
-# (10 keypoints onto [0, 2]) into a lattice ensemble of 4 lattices of rank 4 and size 3
+# LatticeRegressor, pytorch-lattice) take whole epochs of Adam at lr 1e-2 (--lr sets all three) on
+# minibatches of 128 until at least STEPS steps, which is the lr sweep's 100 epochs at n = 2,000;
+# for the layers and pytorch-lattice, 1-D models are one calibrator of CURVE_KEYPOINTS keypoints
+# on [0, 1] (increasing); the 8-D models are a calibrator per feature (10 keypoints onto [0, 2]) into a lattice ensemble of 4 lattices of rank 4 and size 3
 # (CalibratedEnsemble; for pytorch-lattice its NumericalCalibrator and RTL layers, projected with
 # apply_constraints after every step, as its docs train). LatticeRegressor builds its own model
 # from a user's arguments instead (fit_lattice_regressor says which). fastload computes in float32,
