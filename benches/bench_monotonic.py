@@ -6,10 +6,11 @@ lattice, a rank-4 ensemble of size-2 lattices and 16 calibrators.
 ``python benches/bench_monotonic.py lr``: test RMSE (to the noiseless target) of calibrated lattice
 ensembles on an 8-feature tabular task over a 100x range of Adam learning rates, several seeds, and
 the share of lattice parameters that get exactly zero gradient after training.
-``python benches/bench_monotonic.py table``: fastload, pytorch-lattice, sklearn's IsotonicRegression
-and HistGradientBoostingRegressor(monotonic_cst) on the same data (1-D step, sigmoid and log curves
-at n = 200, 2,000, 20,000; the 8-feature task), several seeds: test RMSE, fit time and the worst
-decrease along monotone inputs on grid lines and random pairs (budget rules above ``CURVES``).
+``python benches/bench_monotonic.py table``: fastload (its layers, and its LatticeRegressor),
+pytorch-lattice, sklearn's IsotonicRegression and HistGradientBoostingRegressor(monotonic_cst) on the
+same data (1-D step, sigmoid and log curves at n = 200, 2,000, 20,000; the 8-feature task), several
+seeds: test RMSE, fit time and the worst decrease along monotone inputs on grid lines and random
+pairs (budget rules above ``CURVES``).
 ``--quick`` is the smoke test ``tests/test_bench_monotonic.py`` runs. Missing optional packages
 leave their methods out.
 """
@@ -27,7 +28,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import torch
 
-from fastload.monotonic import Lattice, LatticeEnsemble, PWLCalibrator
+from fastload.monotonic import Lattice, LatticeEnsemble, LatticeRegressor, PWLCalibrator
 
 try:
     from pytorch_lattice.enums import Monotonicity
@@ -225,13 +226,14 @@ def lr_sweep(seeds: int, epochs: int) -> None:
 
 
 # The comparison table (issue #18). Budget rules, the same for every method and fixed before any
-# run (nothing is tuned on the test set): the gradient-trained models (fastload, pytorch-lattice)
-# take whole epochs of Adam at lr 1e-2 (--lr sets both) on minibatches of 128 until at least STEPS
-# steps, which is the lr sweep's 100 epochs at n = 2,000; 1-D models are one calibrator of
-# CURVE_KEYPOINTS keypoints on [0, 1] (increasing); the 8-D models are a calibrator per feature
-# (10 keypoints onto [0, 2]) into a lattice ensemble of 4 lattices of rank 4 and size 3
+# run (nothing is tuned on the test set): the gradient-trained models (fastload's layers and its
+# LatticeRegressor, pytorch-lattice) take whole epochs of Adam at lr 1e-2 (--lr sets all three) on
+# minibatches of 128 until at least STEPS steps, which is the lr sweep's 100 epochs at n = 2,000;
+# for the layers and pytorch-lattice, 1-D models are one calibrator of CURVE_KEYPOINTS keypoints
+# on [0, 1] (increasing); the 8-D models are a calibrator per feature (10 keypoints onto [0, 2]) into a lattice ensemble of 4 lattices of rank 4 and size 3
 # (CalibratedEnsemble; for pytorch-lattice its NumericalCalibrator and RTL layers, projected with
-# apply_constraints after every step, as its docs train). fastload computes in float32,
+# apply_constraints after every step, as its docs train). LatticeRegressor builds its own model
+# from a user's arguments instead (fit_lattice_regressor says which). fastload computes in float32,
 # pytorch-lattice in float64. sklearn runs with its defaults: IsotonicRegression (1-D), and
 # HistGradientBoostingRegressor with monotonic_cst and random_state = seed.
 CURVES = {
@@ -296,10 +298,7 @@ def _torch_predictor(model, dtype):
 
 
 def fit_fastload(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
-    """The table's fastload model, trained; returns predict(x) -> float64 array.
-
-    The one place that builds and trains fastload's model, so a later estimator can replace it.
-    """
+    """The table's fastload model built from the layers, trained; returns predict(x) -> float64 array."""
     torch.manual_seed(seed)
     if x.shape[1] == 1:
         model = PWLCalibrator(CURVE_KEYPOINTS, 0.0, 1.0, monotonicities[0])
@@ -308,6 +307,23 @@ def fit_fastload(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float 
     inputs, labels = torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
     fit_torch(model, inputs, labels, seed, _epochs(len(x), steps), lr, BATCH_ROWS)
     return _torch_predictor(model, torch.float32)
+
+
+def fit_lattice_regressor(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
+    """fastload's estimator as a user would call it: its own quantile keypoints (10 per feature),
+    standardized targets, a lattice of size 3 (an ensemble past 4 features). Minibatches of
+    BATCH_ROWS over all rows (no validation split) for ``_epochs`` epochs: the same Adam steps as
+    the layers' row."""
+    model = LatticeRegressor(
+        features={j: {1: "increasing", -1: "decreasing"}[m] for j, m in enumerate(monotonicities) if m},
+        lattice_size=3,
+        num_keypoints=10,
+        max_iter=_epochs(len(x), steps),
+        batch_size=BATCH_ROWS,
+        learning_rate=lr,
+        random_state=seed,
+    ).fit(x, y)
+    return model.predict
 
 
 class _PLModel(torch.nn.Module):
@@ -375,7 +391,7 @@ def fit_gradient_boosting(x, y, monotonicities, seed: int, steps: int = STEPS, l
 
 def methods(dimensions: int) -> Dict[str, Callable]:
     """The installed methods that fit inputs of this many dimensions, by name."""
-    found = {"fastload": fit_fastload}
+    found = {"fastload": fit_fastload, "fastload LatticeRegressor": fit_lattice_regressor}
     if RTL is not None:
         found["pytorch-lattice"] = fit_pytorch_lattice
     if HistGradientBoostingRegressor is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import math
@@ -23,6 +24,7 @@ from fastload.monotonic import (
     PWLCalibrator,
     check_finite_parameters,
     check_monotone,
+    layers,
 )
 from fastload.monotonic.layers import _isotonic
 
@@ -576,6 +578,52 @@ def test_ensemble_uses_every_input_and_is_deterministic():
     assert torch.equal(ensemble.bank._monotone, torch.tensor(mono, dtype=torch.bool)[index])
     # Monotone inputs come first in each lattice: that one is exactly monotone under rounding.
     assert all(row == sorted(row, key=lambda i: (-abs(mono[i]), i)) for row in index.tolist())
+
+
+def test_ensemble_of_the_issue_draws_four_distinct_subsets():
+    """LatticeEnsemble(8, 4, 4, ...) with seed 0 drew [2, 3, 4, 6] and [0, 1, 5, 7] twice each."""
+    rows = LatticeEnsemble(8, 4, 4, 3, [1, 1, 1, -1, 0, 0, 0, 0], seed=0).input_index.tolist()
+    assert len({frozenset(row) for row in rows}) == 4, rows
+
+
+@PROPERTY
+@given(num_inputs=st.integers(1, 8), data=st.data(), seed=st.integers(0, 2**16))
+def test_ensemble_subsets_are_distinct_when_they_can_be(num_inputs, data, seed):
+    """A repeated subset only repeats a lattice; it must not happen while a new one exists."""
+    rank = data.draw(st.integers(1, num_inputs))
+    count = data.draw(st.integers(math.ceil(num_inputs / rank), math.ceil(num_inputs / rank) + 6))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=num_inputs, max_size=num_inputs))
+    rows = LatticeEnsemble(num_inputs, rank, count, 2, mono, seed=seed).input_index.tolist()
+    subsets = [frozenset(row) for row in rows]
+    assert len(set(subsets)) == min(count, math.comb(num_inputs, rank)), rows
+    assert set().union(*subsets) == set(range(num_inputs))
+    assert all(len(row) == rank for row in subsets)
+    assert all(row == sorted(row, key=lambda i: (-abs(mono[i]), i)) for row in rows)
+    assert rows == LatticeEnsemble(num_inputs, rank, count, 2, mono, seed=seed).input_index.tolist()
+
+
+def test_ensemble_loads_a_state_saved_with_repeated_subsets(monkeypatch):
+    """States saved before subsets were made distinct hold the old draw; they load as they were
+    saved, into the parameter an optimizer may already hold, and stay monotone."""
+    mono = [1, 1, 1, -1, 0, 0, 0, 0]
+    with monkeypatch.context() as patch:  # what older versions built
+        patch.setattr(layers, "_draw_subsets", functools.partial(layers._draw_subsets, distinct=False))
+        saved = LatticeEnsemble(8, 4, 4, 3, mono, seed=0)
+    legacy = saved.input_index
+    assert len({frozenset(row) for row in legacy.tolist()}) == 2
+    _randomize(saved, seed=1, scale=1.0)
+    model = LatticeEnsemble(8, 4, 4, 3, mono, seed=0).double()
+    assert not torch.equal(model.input_index, legacy)
+    raw = model.bank.raw
+    model.load_state_dict(saved.state_dict())
+    assert model.bank.raw is raw and raw.dtype == torch.float64
+    assert torch.equal(model.input_index, legacy)
+    assert torch.equal(model.bank._monotone, saved.bank._monotone)
+    x = 2 * torch.rand(64, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), saved.double()(x))
+    with pytest.raises(ValueError, match="input subsets"):  # another seed's draw is still refused
+        LatticeEnsemble(8, 4, 4, 3, mono, seed=1).load_state_dict(saved.state_dict())
 
 
 def test_ensemble_averages_its_lattices():

@@ -82,6 +82,7 @@ should call :func:`check_finite_parameters`, and :func:`check_monotone` refuses 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -732,11 +733,44 @@ class Lattice(nn.Module):
         return self.bank(self.flip(x, self.bank.raw)[:, None, :])[:, 0].to(_dtypes(x, self.bank.raw)[0])
 
 
+def _draw_subsets(
+    num_inputs: int, rank: int, count: int, mono: Sequence[int], seed: int, distinct: bool = True
+) -> torch.Tensor:
+    """``count`` subsets of ``rank`` inputs, shape (count, rank), monotone inputs first in each.
+
+    Each subset takes the least-used inputs, ties broken at random from ``seed``, so uses stay
+    balanced and every input is used once ``count * rank >= num_inputs``. When those inputs form
+    a subset drawn before, the next combination of inputs in that order that is new replaces it
+    (the most-used input swapped for the next least-used, as pytorch-lattice's RTL swaps), which
+    only happens once every input is used, so coverage holds. ``distinct=False`` gives the draws
+    made before this rule, with repeats, which states saved then hold.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    uses = torch.zeros(num_inputs)
+    drawn: set = set()
+    subsets = []
+    for _ in range(count):
+        order = (uses + torch.rand(num_inputs, generator=generator)).argsort().tolist()
+        candidates = (
+            tuple(sorted(order[p] for p in positions))
+            for positions in itertools.combinations(range(num_inputs), rank)
+        )
+        # At most len(drawn) + 1 candidates are looked at; none is new only when every subset is drawn.
+        new = next((c for c in candidates if c not in drawn), None) if distinct else None
+        chosen = new or tuple(sorted(order[:rank]))
+        drawn.add(chosen)
+        uses[list(chosen)] += 1
+        subsets.append(sorted(chosen, key=lambda i: (-abs(mono[i]), i)))
+    return torch.tensor(subsets)
+
+
 class LatticeEnsemble(nn.Module):
     """Average of ``num_lattices`` lattices of rank ``lattice_rank`` over subsets of the inputs.
 
-    Subsets come from ``seed`` (deterministic, independent of the global RNG) and balance how often
-    each input is used, so every input appears in at least one lattice. A monotone input (1 or
+    Subsets come from ``seed`` (deterministic, independent of the global RNG), balance how often
+    each input is used, so every input appears in at least one lattice, and are distinct whenever
+    ``num_lattices`` distinct subsets exist (a repeated subset would only repeat a lattice); a
+    state saved when subsets could repeat still loads, with its own subsets. A monotone input (1 or
     -1, as for :class:`Lattice`) is monotone-declared in every lattice that sees it, and an
     average of functions that are each monotone (or constant) in an input is monotone in it.
     Each subset lists its monotone inputs first: that is the dimension each lattice keeps
@@ -765,22 +799,15 @@ class LatticeEnsemble(nn.Module):
             )
         mono = _check_monotonicities(monotonicities, (-1, 0, 1), num_inputs, "monotonicities")
         self.num_inputs, self.monotonicities = num_inputs, tuple(mono)
-        generator = torch.Generator().manual_seed(seed)
-        uses = torch.zeros(num_inputs)
-        subsets = []
-        for _ in range(num_lattices):
-            # Least-used inputs first, ties broken at random.
-            chosen = (uses + torch.rand(num_inputs, generator=generator)).argsort()[:lattice_rank]
-            uses[chosen] += 1
-            subsets.append(sorted(chosen.tolist(), key=lambda i: (-abs(mono[i]), i)))
-        self.register_buffer("input_index", torch.tensor(subsets))
+        self._draw = functools.partial(_draw_subsets, num_inputs, lattice_rank, num_lattices, mono, seed)
+        self.register_buffer("input_index", self._draw())
         self.bank = _LatticeBank(
-            [lattice_size] * lattice_rank,
-            [[mono[i] != 0 for i in subset] for subset in subsets],
-            output_min,
-            output_max,
+            [lattice_size] * lattice_rank, self._monotone_dimensions(), output_min, output_max
         )
         self.flip = _InputFlip([lattice_size] * num_inputs, mono)
+
+    def _monotone_dimensions(self) -> List[List[bool]]:
+        return [[self.monotonicities[i] != 0 for i in subset] for subset in self.input_index.tolist()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_inputs(x, self.num_inputs, "LatticeEnsemble input")
@@ -789,6 +816,20 @@ class LatticeEnsemble(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The lattices' monotone dimensions follow from input_index at construction.
+        loaded = state_dict.get(prefix + "input_index")
+        if isinstance(loaded, torch.Tensor) and not torch.equal(loaded.cpu(), self.input_index.cpu()):
+            legacy = self._draw(distinct=False)
+            if torch.equal(loaded.cpu(), legacy):
+                # Saved before subsets were made distinct, from the same arguments: keep its
+                # subsets (and this bank's parameter, which an optimizer may already hold).
+                self.input_index = legacy.to(self.input_index.device)
+                raw, bank = self.bank.raw, self.bank
+                with torch.random.fork_rng(devices=[]):  # loading must not move the global RNG
+                    self.bank = _LatticeBank(
+                        bank.sizes, self._monotone_dimensions(), bank.output_min, bank.output_max
+                    )
+                self.bank.to(raw.device)
+                self.bank.raw = raw
         _check_declared_buffer(self, state_dict, prefix, "input_index", "input subsets")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
