@@ -10,6 +10,7 @@ pub mod pack;
 pub mod pagecache;
 pub mod pool;
 pub mod prefetch;
+pub mod recycle;
 pub mod store;
 pub mod writer;
 

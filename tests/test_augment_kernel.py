@@ -247,3 +247,63 @@ def test_the_binding_refuses_a_read_only_out():
     out.setflags(write=False)
     with pytest.raises(ValueError, match="out must be a writable"):
         call(out=out)
+
+
+# Recycled output memory: the CPU float32 path writes each batch into memory from a small pool,
+# which goes back to the pool only when the batch and every view of it are gone.
+
+RECYCLE_AUG = Augment(size=24, scale=(0.3, 1.0), hflip=0.5, brightness=0.3, saturation=0.3)
+
+
+def augmented(images, step):
+    return to_device(images, "cpu", mean=MEAN, std=STD, augment=RECYCLE_AUG, keys=torch.arange(4) + step)
+
+
+def test_a_live_batch_and_its_views_are_never_overwritten_by_the_next():
+    images = noise(4, 40, 40, 3)
+    first = augmented(images, 0)
+    kept = first.clone()
+    row_view, array_view = first[1, :, 3], first.numpy()  # views hold the memory, not `first`
+    del first
+    later = [augmented(images, step) for step in range(1, 6)]
+    assert torch.equal(row_view, kept[1, :, 3])
+    assert np.array_equal(array_view, kept.numpy())
+    assert len({x.data_ptr() for x in later}) == len(later), "live batches share no memory"
+    assert all(x.data_ptr() != array_view.ctypes.data for x in later)
+    assert all(torch.equal(x, augmented(images, step)) for step, x in enumerate(later, start=1))
+
+
+def test_a_released_batch_is_reused_and_written_whole():
+    images = noise(4, 40, 40, 3, seed=1)
+    first = augmented(images, 0)
+    address = first.data_ptr()
+    first.fill_(float("nan"))  # whatever the last user left must not show through
+    del first
+    second = augmented(images, 9)
+    assert second.data_ptr() == address
+    assert torch.isfinite(second).all()
+    assert torch.equal(second, augmented(images, 9).clone())
+
+
+def test_the_pool_keeps_a_bounded_number_of_idle_buffers():
+    images = noise(4, 40, 40, 3, seed=2)
+    batches = [augmented(images, step) for step in range(20)]
+    del batches
+    count, size = _core.recycled_idle()
+    assert 1 <= count <= 4 and size <= 1 << 30
+
+
+def test_recycled_batches_behave_as_ordinary_tensors():
+    images = noise(4, 40, 40, 3, seed=3)
+    x = augmented(images, 0)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.dtype == torch.float32
+    assert x.requires_grad_().sum().backward() is None and x.grad is not None
+    shared = augmented(images, 0).share_memory_()
+    assert shared.is_shared() and torch.equal(shared, x.detach())
+
+
+def test_recycled_float32_refuses_sizes_that_overflow():
+    with pytest.raises(ValueError, match="too large"):
+        _core.recycled_float32((1 << 40, 1 << 40, 1, 1))
+    with pytest.raises(MemoryError, match="cannot allocate"):
+        _core.recycled_float32((1 << 20, 1 << 20, 1 << 10, 1))

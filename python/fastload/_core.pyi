@@ -21,6 +21,7 @@ __all__ = [
     "PACK_MAX_PIXELS",
     "PACK_MAX_WORKERS",
     "PackDecoder",
+    "RecycledBuffer",
     "Prefetcher",
     "Store",
     "StoreError",
@@ -30,6 +31,8 @@ __all__ = [
     "check_meta",
     "evict",
     "num_threads",
+    "recycled_float32",
+    "recycled_idle",
 ]
 
 __version__: str  # Cargo.toml's version: the package's one version number
@@ -58,8 +61,19 @@ def augment(
     """Writes the augmented N×H'×W'×C float32 batch of uint8 N×H×W×C `images` into `out`
     (theta N×2×3 or None, colour N×3, scale and shift one per channel), GIL released."""
 
+def recycled_float32(shape: Tuple[int, int, int, int]) -> npt.NDArray[np.float32]:
+    """A writable, uninitialised float32 N×H×W×C array whose memory goes back to fastload's
+    pool of idle buffers (at most 4 and 1 GiB) when the array and every view of it are gone."""
+
+def recycled_idle() -> Tuple[int, int]:
+    """(buffers, bytes) idle in the recycled-buffer pool now."""
+
 def check_meta(meta_json: str) -> None: ...
 def evict(path: _Path) -> None: ...
+
+@final
+class RecycledBuffer:
+    """Owns a recycled buffer as the `base` of the NumPy array built on it."""
 
 @final
 class Mapping:

@@ -340,15 +340,21 @@ class Augment:
         if shift is None:
             shift = torch.zeros((1, 1, 1, 1), dtype=dtype, device=images.device)
         out_h, out_w = self.output_size(height, width)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        out = torch.empty(
-            (n, channels, out_h, out_w), dtype=dtype, device=images.device, memory_format=layout
-        )
+        native = images.device.type == "cpu" and dtype == torch.float32 and channels in (1, 3)
+        if native and channels_last and n > 0:
+            # Memory that returns to fastload's pool when the batch and every view of it are
+            # gone: the next batch reuses its pages instead of faulting in fresh ones.
+            out = torch.from_numpy(_core.recycled_float32((n, out_h, out_w, channels))).permute(0, 3, 1, 2)
+        else:
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            out = torch.empty(
+                (n, channels, out_h, out_w), dtype=dtype, device=images.device, memory_format=layout
+            )
         if n == 0:
             return out
         p = self.params(keys, epoch, height, width)
         theta = self._theta(p, height, width, out_h, out_w).to(dtype) if self.geometric else None
-        if images.device.type == "cpu" and dtype == torch.float32 and channels in (1, 3):
+        if native:
             self._apply_native(images, p, theta, scale, shift, out)
         else:
             self._apply_torch(images, p, theta, scale, shift, out)

@@ -34,6 +34,9 @@ def to_device(
     With `augment`, the batch is augmented on the device in the same float pass, each image by
     draws that depend on (augment.seed, `epoch`, its record index in `keys`: the indices
     FastLoadDataset(return_indices=True) yields), so not on batch size, workers or resumes.
+    On the CPU (float32) the augmented batch is written into memory that fastload reuses for a
+    later batch once this one and every view of it are gone (a tensor over a NumPy array; its
+    storage cannot be resized): fresh memory per batch cost as much as the augmentation.
     """
     check_uint8_batch(images)
     if augment is not None and not isinstance(augment, Augment):

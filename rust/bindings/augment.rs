@@ -1,20 +1,69 @@
 //! Binding of the CPU augmentation kernel: NumPy arrays to slices, the GIL released while it
-//! runs. Every wrong argument is a ValueError that says what was expected.
+//! runs, and its recycled output arrays. Every wrong argument is a ValueError that says what
+//! was expected.
 
-use numpy::ndarray::Dimension;
+use numpy::ndarray::{ArrayViewMut4, Dimension};
 use numpy::{
-    Element, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+    Element, PyArray4, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
     PyReadonlyArray4, PyReadwriteArray, PyReadwriteArray4, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 
 use super::to_py;
 use crate::augment::{Plan, Shape};
+use crate::recycle::Buffer;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(augment, m)?)?;
+    m.add_function(wrap_pyfunction!(recycled_float32, m)?)?;
+    m.add_function(wrap_pyfunction!(recycled_idle, m)?)?;
+    m.add_class::<RecycledBuffer>()?;
     Ok(())
+}
+
+/// Owns a recycled buffer for as long as the NumPy array built on it (its `base`) lives; the
+/// memory goes back to the pool only when the last array, tensor or view on it is gone.
+#[pyclass(frozen, module = "fastload._core")]
+pub struct RecycledBuffer {
+    _buffer: Buffer,
+}
+
+/// A writable, uninitialised float32 array of `shape` (N, H, W, C) in memory that returns to
+/// fastload's pool when the last reference to it goes (see `crate::recycle`).
+#[pyfunction]
+fn recycled_float32(
+    py: Python<'_>,
+    shape: (usize, usize, usize, usize),
+) -> PyResult<Bound<'_, PyArray4<f32>>> {
+    let (n, h, w, c) = shape;
+    let len = [n, h, w, c, std::mem::size_of::<f32>()]
+        .into_iter()
+        .try_fold(1usize, usize::checked_mul)
+        .filter(|&len| len <= isize::MAX as usize)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("an array of shape {shape:?} is too large"))
+        })?;
+    let buffer = Buffer::new(len).ok_or_else(|| {
+        PyMemoryError::new_err(format!(
+            "cannot allocate {len} bytes for a batch of shape {shape:?}"
+        ))
+    })?;
+    let ptr = buffer.as_mut_ptr().cast::<f32>();
+    let owner = Bound::new(py, RecycledBuffer { _buffer: buffer })?;
+    // SAFETY: the buffer holds n×h×w×c float32s at `ptr`, aligned to at least 64 bytes, and
+    // the array's base owns it, so the memory outlives the array and every view of it. No
+    // other array is built on this buffer until it is back in the pool.
+    Ok(unsafe {
+        let view = ArrayViewMut4::from_shape_ptr((n, h, w, c), ptr);
+        PyArray4::borrow_from_array(&view, owner.into_any())
+    })
+}
+
+/// (buffers, bytes) idle in the recycled-buffer pool now.
+#[pyfunction]
+fn recycled_idle() -> (usize, usize) {
+    crate::recycle::idle_stats()
 }
 
 fn readonly<'py, T: Element, D: Dimension>(
