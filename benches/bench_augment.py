@@ -19,9 +19,12 @@ Prints batches/s per method and fastload's ratio to each. With `--split`, instea
 per batch of the native CPU kernel (`_core.augment`, what to_device runs for float32 on the
 CPU) on the same crops and flips, with the colour steps added one at a time, into a reused
 output and into a fresh one (whose page faults count too), on `FASTLOAD_NUM_THREADS` threads.
+With `--convert`: to_device's plain float32 conversion on the CPU (no augmentation; the kernel
+into recycled memory) against the torch formula it replaced, alternating, batch 64 at 224 and 384.
 
     python benches/bench_augment.py [--images 256] [--batches 16] [--repeats 5] [--device cpu] [--threads N]
     python benches/bench_augment.py --split [--repeats 5]
+    python benches/bench_augment.py --convert [--repeats 21]
 """
 
 from __future__ import annotations
@@ -129,6 +132,33 @@ def kernel_split(repeats: int) -> None:
             )
 
 
+def conversion(repeats: int) -> None:
+    """ms per batch of to_device(images, "cpu", mean, std) against `x.float() * scale - shift` in
+    torch (what it ran before), alternating in this process, medians of `repeats`."""
+    import fastload.device
+
+    for side in (CROP, SIDE):
+        images = torch.from_numpy(photo_like(BATCH)[:, :side, :side].copy())
+        scale, shift = fastload.device._normalization(torch.device("cpu"), torch.float32, MEAN, STD)
+        methods = {
+            "torch formula": lambda x=images, a=scale, b=shift: x.permute(0, 3, 1, 2).float().mul_(a).sub_(b),
+            "to_device": lambda x=images: to_device(x, "cpu", mean=MEAN, std=STD),
+        }
+        times = {name: [] for name in methods}
+        for _ in range(repeats):
+            for name, convert in methods.items():
+                start = time.perf_counter()
+                x = convert()
+                times[name].append(time.perf_counter() - start)
+                del x  # as a training loop drops its last batch
+        ms = {name: 1000 * statistics.median(t) for name, t in times.items()}
+        print(
+            f"batch {BATCH} of {side}x{side}x3, {torch.get_num_threads()} torch threads, "
+            f"{os.cpu_count()} CPUs: torch formula {ms['torch formula']:.1f} ms, to_device "
+            f"{ms['to_device']:.1f} ms, {ms['torch formula'] / ms['to_device']:.2f}x"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=256, help="records in the store (default 256)")
@@ -138,9 +168,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where fastload and kornia augment (default cpu)")
     parser.add_argument("--threads", type=int, help="torch threads of this process (default: torch's choice)")
     parser.add_argument("--split", action="store_true", help="time the CPU kernel's parts instead")
+    parser.add_argument(
+        "--convert", action="store_true", help="time to_device's plain CPU conversion instead"
+    )
     args = parser.parse_args()
     if args.split:
         kernel_split(args.repeats)
+        return
+    if args.convert:
+        conversion(args.repeats)
         return
     if args.threads:
         torch.set_num_threads(args.threads)

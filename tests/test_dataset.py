@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
@@ -758,6 +758,28 @@ def test_to_device_layout_dtype_and_normalization(dtype):
     plain = to_device(images, "cpu", channels_last=False)
     assert plain.is_contiguous() and plain.shape == (2, 3, 5, 4)
     torch.testing.assert_close(plain, images.permute(0, 3, 1, 2).float() / 255)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.sampled_from([1, 3, 4])),
+    mean=st.floats(-1, 2),
+    std=st.floats(0.01, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_to_device_on_the_cpu_gives_the_same_bits_as_the_torch_formula(shape, mean, std, seed):
+    """float32 on the CPU runs the native kernel (1 or 3 channels) into recycled memory; it
+    must equal `x.float() * scale - shift` bit for bit, whatever the path."""
+    images = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+    channels = shape[3]
+    means, stds = [mean + k / 10 for k in range(channels)], [std * (1 + k) for k in range(channels)]
+    x = to_device(images, "cpu", mean=means, std=stds)
+    scale, shift = fastload.device._normalization(
+        torch.device("cpu"), torch.float32, *map(tuple, (means, stds))
+    )
+    expected = images.permute(0, 3, 1, 2).to(torch.float32).mul_(scale).sub_(shift)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.dtype == torch.float32
+    assert torch.equal(x, expected)
 
 
 def test_to_device_makes_its_normalization_tensors_once_per_setting():

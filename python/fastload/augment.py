@@ -340,11 +340,9 @@ class Augment:
         if shift is None:
             shift = torch.zeros((1, 1, 1, 1), dtype=dtype, device=images.device)
         out_h, out_w = self.output_size(height, width)
-        native = images.device.type == "cpu" and dtype == torch.float32 and channels in (1, 3)
+        native = kernel_runs(images, dtype)
         if native and channels_last and n > 0:
-            # Memory that returns to fastload's pool when the batch and every view of it are
-            # gone: the next batch reuses its pages instead of faulting in fresh ones.
-            out = torch.from_numpy(_core.recycled_float32((n, out_h, out_w, channels))).permute(0, 3, 1, 2)
+            out = recycled_batch(n, out_h, out_w, channels)
         else:
             layout = torch.channels_last if channels_last else torch.contiguous_format
             out = torch.empty(
@@ -363,22 +361,8 @@ class Augment:
     def _apply_native(self, images, p, theta, scale, shift, out: torch.Tensor) -> None:
         """The CPU float32 path: `_core.augment`, which samples straight from the uint8 pixels
         and jitters and normalises each pixel as it is written, on the Rust thread pool."""
-        channels = images.shape[3]
         colour = torch.stack([p["brightness"], p["contrast"], p["saturation"]], dim=1)
-        per_channel = [v.reshape(-1).expand(channels).contiguous().numpy() for v in (scale, shift)]
-        nhwc = out.permute(0, 2, 3, 1)
-        target = (
-            nhwc if nhwc.is_contiguous() else torch.empty_like(nhwc, memory_format=torch.contiguous_format)
-        )
-        _core.augment(
-            images.contiguous().numpy(),
-            None if theta is None else theta.contiguous().numpy(),
-            colour.contiguous().numpy(),
-            *per_channel,
-            target.numpy(),
-        )
-        if target is not nhwc:
-            nhwc.copy_(target)
+        run_kernel(images, theta, colour, scale, shift, out)
 
     def _apply_torch(self, images, p, theta, scale, shift, out: torch.Tensor) -> None:
         """Every other device and dtype (CUDA runs this): one grid_sample over the float batch,
@@ -432,6 +416,46 @@ class Augment:
         to_device(..., augment=) does the same and normalises."""
         check_uint8_batch(images)
         return self.apply(images, keys, epoch, dtype)
+
+
+def kernel_runs(images: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether `_core.augment` handles this batch: float32 out of CPU images of 1 or 3 channels."""
+    return images.device.type == "cpu" and dtype == torch.float32 and images.shape[3] in (1, 3)
+
+
+def recycled_batch(n: int, height: int, width: int, channels: int) -> torch.Tensor:
+    """An uninitialised N×C×H×W channels_last float32 CPU tensor in memory that returns to
+    fastload's pool when it and every view of it are gone, so the next batch reuses its pages
+    instead of faulting in fresh ones (which cost as much CPU as the augmentation)."""
+    return torch.from_numpy(_core.recycled_float32((n, height, width, channels))).permute(0, 3, 1, 2)
+
+
+def run_kernel(images, theta, colour, scale, shift, out: torch.Tensor) -> None:
+    """`_core.augment` of uint8 N×H×W×C `images` into N×C×H'×W' float32 `out` (theta N×2×3 or
+    None, colour N×3 factors, scale and shift 1×C×1×1), the GIL released while it runs."""
+    channels = images.shape[3]
+    per_channel = [v.reshape(-1).expand(channels).contiguous().numpy() for v in (scale, shift)]
+    nhwc = out.permute(0, 2, 3, 1)
+    target = nhwc if nhwc.is_contiguous() else torch.empty_like(nhwc, memory_format=torch.contiguous_format)
+    _core.augment(
+        images.contiguous().numpy(),
+        None if theta is None else theta.contiguous().numpy(),
+        colour.contiguous().numpy(),
+        *per_channel,
+        target.numpy(),
+    )
+    if target is not nhwc:
+        nhwc.copy_(target)
+
+
+def convert(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """to_device's CPU float32 conversion, `x * scale - shift`, by the kernel without
+    resampling or jitter: one parallel pass into recycled memory instead of three torch passes
+    over fresh memory, with the same float32 operations, so the same bits."""
+    n, height, width, channels = images.shape
+    out = recycled_batch(n, height, width, channels)
+    run_kernel(images, None, torch.ones((n, 3)), scale, shift, out)
+    return out
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:

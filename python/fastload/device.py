@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from fastload.augment import Augment, check_uint8_batch
+from fastload.augment import Augment, check_uint8_batch, convert, kernel_runs
 
 
 def to_device(
@@ -61,6 +61,8 @@ def to_device(
     scale, shift = _normalization(on_device.device, dtype, mean_v, std_v)
     if augment is not None and augment.active:
         return augment.apply(on_device, keys, epoch, dtype, scale, shift, channels_last)
+    if channels_last and len(images) and kernel_runs(on_device, dtype):
+        return convert(on_device, scale, shift)
     x = on_device.permute(0, 3, 1, 2).to(dtype).mul_(scale).sub_(shift)
     return x if channels_last else x.contiguous()
 
