@@ -13,7 +13,8 @@
 //! the brightened image) -> saturation (blend with each pixel's grey), each clamped to
 //! 0..=255 -> `x * scale - shift`. Images run in parallel on the process's rayon pool, and
 //! the rows of one image in bands, so one large image also uses every thread. Nothing is
-//! allocated per pixel or row: tables per image, a scratch row per thread.
+//! allocated per pixel or row: tables per image, a scratch row per thread. The row loops are
+//! compiled for baseline x86-64 and again for AVX2, picked at run time (the same bits).
 
 use std::cell::RefCell;
 
@@ -290,6 +291,29 @@ impl Geometry {
     }
 }
 
+/// What a band of output rows gets: with contrast 1 everything at once (`Whole`); else first
+/// the sampled, brightened planes and their grey sums, left in the rows' place in the output
+/// (`Brightened`), then contrast (`offset`: (1 - contrast) × the mean grey), saturation and the
+/// normalised, interleaved output (`Finished`).
+#[derive(Clone, Copy)]
+enum Pass {
+    Whole,
+    Brightened,
+    Finished { offset: f32 },
+}
+
+/// A band of output rows (`out`, from row `first_row`), what to do to it, the grey sums of its
+/// rows (`Brightened`) and this thread's scratch: the separable rows' `span` (see `write`) and
+/// a row's `planes`.
+struct Band<'b> {
+    pass: Pass,
+    first_row: usize,
+    out: &'b mut [f32],
+    sums: &'b mut [f64],
+    span: &'b mut [f32],
+    planes: &'b mut [f32],
+}
+
 /// One image's source pixels, geometry, colour factors and normalisation.
 struct Image<'a, const C: usize> {
     pixels: &'a [u8],
@@ -334,8 +358,10 @@ impl<'a, const C: usize> Image<'a, C> {
         let row_len = width * C;
         let rows_per_task = (PIXELS_PER_TASK / width).max(1);
         let band_len = rows_per_task * row_len;
+        // Scratch for the separable rows: the span and one value of padding, then with 3
+        // channels each output pixel as four lanes (see `sample_row`).
         let span_len = match &self.geometry {
-            Geometry::Separable { span, .. } => span.len(),
+            Geometry::Separable { span, .. } => span.len() + 1 + if C == 3 { 4 * width } else { 0 },
             Geometry::Affine { .. } => 0,
         };
         if self.contrast == 1.0 {
@@ -344,12 +370,14 @@ impl<'a, const C: usize> Image<'a, C> {
                 .for_each(|(band, out)| {
                     with_scratch(span_len + row_len, |scratch| {
                         let (span, planes) = scratch.split_at_mut(span_len);
-                        for (k, row) in out.chunks_exact_mut(row_len).enumerate() {
-                            self.sample_row(band * rows_per_task + k, planes, span);
-                            self.brighten(planes);
-                            self.saturate(planes);
-                            self.interleave(planes, row);
-                        }
+                        self.rows(Band {
+                            pass: Pass::Whole,
+                            first_row: band * rows_per_task,
+                            out,
+                            sums: &mut [],
+                            span,
+                            planes,
+                        });
                     })
                 });
             return;
@@ -361,32 +389,93 @@ impl<'a, const C: usize> Image<'a, C> {
             .enumerate()
             .for_each(|(band, (out, sums))| {
                 with_scratch(span_len, |span| {
-                    for (k, (row, sum)) in out.chunks_exact_mut(row_len).zip(sums).enumerate() {
-                        self.sample_row(band * rows_per_task + k, row, span);
-                        self.brighten(row);
-                        *sum = grey_sum::<C>(row);
-                    }
+                    self.rows(Band {
+                        pass: Pass::Brightened,
+                        first_row: band * rows_per_task,
+                        out,
+                        sums,
+                        span,
+                        planes: &mut [],
+                    });
                 })
             });
         let mean = row_sums.iter().sum::<f64>() / (self.out_height * width) as f64;
         let offset = (1.0 - self.contrast) * mean as f32;
         out.par_chunks_mut(band_len).for_each(|out| {
             with_scratch(row_len, |planes| {
-                for row in out.chunks_exact_mut(row_len) {
+                self.rows(Band {
+                    pass: Pass::Finished { offset },
+                    first_row: 0,
+                    out,
+                    sums: &mut [],
+                    span: &mut [],
+                    planes,
+                });
+            })
+        });
+    }
+
+    /// One band of output rows, from `first_row`, by `pass`, with this thread's scratch;
+    /// compiled twice, for baseline x86-64 and for AVX2, and run the widest this CPU has
+    /// (see `wide`).
+    fn rows(&self, band: Band) {
+        #[cfg(target_arch = "x86_64")]
+        if wide() {
+            // SAFETY: this CPU has AVX2 (`wide`).
+            return unsafe { self.rows_avx2(band) };
+        }
+        self.rows_inline(band)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_avx2(&self, band: Band) {
+        self.rows_inline(band)
+    }
+
+    #[inline(always)]
+    fn rows_inline(&self, band: Band) {
+        let Band {
+            pass,
+            first_row,
+            out,
+            sums,
+            span,
+            planes,
+        } = band;
+        let rows = out.chunks_exact_mut(self.out_width * C);
+        match pass {
+            Pass::Whole => {
+                for (k, row) in rows.enumerate() {
+                    self.sample_row(first_row + k, planes, span);
+                    self.brighten(planes);
+                    self.saturate(planes);
+                    self.interleave(planes, row);
+                }
+            }
+            Pass::Brightened => {
+                for (k, (row, sum)) in rows.zip(sums).enumerate() {
+                    self.sample_row(first_row + k, row, span);
+                    self.brighten(row);
+                    *sum = grey_sum::<C>(row);
+                }
+            }
+            Pass::Finished { offset } => {
+                for row in rows {
                     for (to, &v) in planes.iter_mut().zip(row.iter()) {
                         *to = clamp(self.contrast * v + offset);
                     }
                     self.saturate(planes);
                     self.interleave(planes, row);
                 }
-            })
-        });
+            }
+        }
     }
 
-    /// Output row `i`'s bilinear samples (0–255 floats) into `planes` (C planes of out_width).
+    /// Output row `i`'s bilinear samples (0–255 floats) into `planes` (C planes of out_width);
+    /// `scratch`: the separable rows' (`write`).
     #[inline(always)]
-    fn sample_row(&self, i: usize, planes: &mut [f32], span: &mut [f32]) {
-        let planes = split::<C>(planes, self.out_width);
+    fn sample_row(&self, i: usize, planes: &mut [f32], scratch: &mut [f32]) {
         match &self.geometry {
             Geometry::Separable {
                 columns,
@@ -396,10 +485,32 @@ impl<'a, const C: usize> Image<'a, C> {
                 let y = rows[i];
                 let top = &self.pixels[y.near + range.start..y.near + range.end];
                 let bottom = &self.pixels[y.far + range.start..y.far + range.end];
+                let (span, quads) = scratch.split_at_mut(range.len() + 1);
                 for ((blend, &a), &b) in span.iter_mut().zip(top).zip(bottom) {
                     let a = f32::from(a);
                     *blend = a + (f32::from(b) - a) * y.weight;
                 }
+                if C == 3 {
+                    // Each pixel's taps read as four lanes (the fourth, the next pixel's red or
+                    // the padding, is dropped), so one vector blend does a pixel, not three
+                    // scalar ones; then the lanes are spread over the planes.
+                    let quads = &mut quads[..4 * columns.len()];
+                    for (quad, &x) in quads.chunks_exact_mut(4).zip(columns) {
+                        let left: [f32; 4] = span[x.near..x.near + 4].try_into().unwrap();
+                        let right: [f32; 4] = span[x.far..x.far + 4].try_into().unwrap();
+                        for lane in 0..4 {
+                            quad[lane] = left[lane] + (right[lane] - left[lane]) * x.weight;
+                        }
+                    }
+                    let [r, g, b] = split::<3>(planes, self.out_width);
+                    for (((quad, r), g), b) in quads.chunks_exact(4).zip(r).zip(g).zip(b) {
+                        (*r, *g, *b) = (quad[0], quad[1], quad[2]);
+                    }
+                    return;
+                }
+                // Each plane cut to the columns' count, so the loop indexes without checks.
+                let planes = split::<C>(planes, self.out_width);
+                let planes = planes.map(|plane| &mut plane[..columns.len()]);
                 for (j, &x) in columns.iter().enumerate() {
                     let left = pixel::<C>(&span[x.near..x.near + C]);
                     let right = pixel::<C>(&span[x.far..x.far + C]);
@@ -414,6 +525,7 @@ impl<'a, const C: usize> Image<'a, C> {
                 row_x,
                 row_y,
             } => {
+                let planes = split::<C>(planes, self.out_width);
                 let (x0, y0) = (row_x[i], row_y[i]);
                 let (last_x, last_y) = ((self.width - 1) as f32, (self.height - 1) as f32);
                 let positions = column_x.iter().zip(column_y);
@@ -469,11 +581,18 @@ impl<'a, const C: usize> Image<'a, C> {
     /// The planes into `row`, interleaved and normalised (`x * scale - shift`).
     #[inline(always)]
     fn interleave(&self, planes: &[f32], row: &mut [f32]) {
-        let planes: [&[f32]; C] =
-            std::array::from_fn(|c| &planes[c * self.out_width..(c + 1) * self.out_width]);
-        for (j, px) in row.chunks_exact_mut(C).enumerate() {
-            for c in 0..C {
-                px[c] = planes[c][j] * self.scale[c] - self.shift[c];
+        let (scale, shift) = (self.scale, self.shift);
+        if C == 3 {
+            let (r, rest) = planes.split_at(self.out_width);
+            let (g, b) = rest.split_at(self.out_width);
+            for (((px, &r), &g), &b) in row.chunks_exact_mut(3).zip(r).zip(g).zip(b) {
+                px[0] = r * scale[0] - shift[0];
+                px[1] = g * scale[1] - shift[1];
+                px[2] = b * scale[2] - shift[2];
+            }
+        } else {
+            for (px, &v) in row.iter_mut().zip(planes) {
+                *px = v * scale[0] - shift[0];
             }
         }
     }
@@ -511,24 +630,46 @@ fn pixel<const C: usize>(values: &[f32]) -> [f32; C] {
 
 /// The sum of the grey of the C planes in `planes`, in eight lanes (so it vectorises; the
 /// order depends only on the row's length).
+#[inline(always)]
 fn grey_sum<const C: usize>(planes: &[f32]) -> f64 {
     let width = planes.len() / C;
-    let grey = |j: usize| {
+    let (r, rest) = planes.split_at(width);
+    // Grey is the plane itself with one channel: then all three are it, and only r is read.
+    let (g, b) = if C == 3 { rest.split_at(width) } else { (r, r) };
+    let grey = |r: f32, g: f32, b: f32| {
         if C == 3 {
-            GRAY[0] * planes[j] + GRAY[1] * planes[width + j] + GRAY[2] * planes[2 * width + j]
+            GRAY[0] * r + GRAY[1] * g + GRAY[2] * b
         } else {
-            planes[j]
+            r
         }
     };
     let mut lanes = [0f32; 8];
     let whole = width / 8 * 8;
-    for start in (0..whole).step_by(8) {
+    let eights = r[..whole]
+        .chunks_exact(8)
+        .zip(g.chunks_exact(8))
+        .zip(b.chunks_exact(8));
+    for ((r, g), b) in eights {
         for (lane, total) in lanes.iter_mut().enumerate() {
-            *total += grey(start + lane);
+            *total += grey(r[lane], g[lane], b[lane]);
         }
     }
-    let tail: f32 = (whole..width).map(grey).sum();
+    let tail: f32 = (whole..width).map(|j| grey(r[j], g[j], b[j])).sum();
     lanes.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(tail)
+}
+
+/// Whether this CPU has AVX2 (detected once, then cached by std). The library targets
+/// baseline x86-64 so that one wheel runs everywhere; with AVX2 the row loops (uint8 widening,
+/// blends, clamps, the interleaving shuffles) vectorise twice as wide. Same IEEE operations in
+/// the same order (Rust never fuses a multiply and an add), so the same bits either way.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn wide() -> bool {
+    #[cfg(test)]
+    if tests::BASELINE_ONLY.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    std::arch::is_x86_feature_detected!("avx2")
 }
 
 #[inline(always)]
@@ -780,14 +921,23 @@ mod tests {
         .contains("images hold"));
     }
 
-    fn arguments() -> impl Strategy<Value = (Shape, usize, usize, bool, Vec<f32>, Vec<f32>, u64)> {
+    /// Set while a test runs the kernel as compiled for baseline x86-64 (`wide`). Other tests
+    /// running meanwhile take that path too, which gives the same bits by design.
+    pub(super) static BASELINE_ONLY: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+
+    /// Batches of up to 3 images, each side below `sides`, rotated or not.
+    #[allow(clippy::type_complexity)]
+    fn arguments(
+        sides: usize,
+    ) -> impl Strategy<Value = (Shape, usize, usize, bool, Vec<f32>, Vec<f32>, u64)> {
         (
             0usize..4,
-            1usize..9,
-            1usize..9,
+            1usize..sides,
+            1usize..sides,
             prop::bool::ANY,
-            1usize..9,
-            1usize..9,
+            1usize..sides,
+            1usize..sides,
             prop::bool::ANY,
         )
             .prop_flat_map(|(n, h, w, rgb, oh, ow, rotate)| {
@@ -830,25 +980,62 @@ mod tests {
             })
     }
 
+    /// Runs `f` on noise images of `seed` and a plan of `colour`, resampled to (height,
+    /// width) by theta or not, normalised by 1/57 and 2 (so no value is left as it was).
+    fn with_case<R>(
+        shape: Shape,
+        resampled: Option<(usize, usize, &[f32])>,
+        colour: &[f32],
+        seed: u64,
+        f: impl FnOnce(&[u8], &Plan) -> R,
+    ) -> R {
+        let images = noise(
+            shape.count * shape.height * shape.width * shape.channels,
+            seed,
+        );
+        let (scale, shift) = (vec![1.0 / 57.0; shape.channels], vec![2.0; shape.channels]);
+        let (out_height, out_width) = resampled.map_or((shape.height, shape.width), |r| (r.0, r.1));
+        let plan = Plan {
+            out_height,
+            out_width,
+            theta: resampled.map(|r| r.2),
+            colour,
+            scale: &scale,
+            shift: &shift,
+        };
+        f(&images, &plan)
+    }
+
     proptest! {
         #[test]
-        fn matches_the_float64_reference((shape, oh, ow, resample, theta, colour, seed) in arguments()) {
-            let images = noise(shape.count * shape.height * shape.width * shape.channels, seed);
-            let (scale, shift) = (vec![1.0 / 57.0; shape.channels], vec![2.0; shape.channels]);
-            let plan = Plan {
-                out_height: if resample { oh } else { shape.height },
-                out_width: if resample { ow } else { shape.width },
-                theta: resample.then_some(&theta[..]),
-                colour: &colour,
-                scale: &scale,
-                shift: &shift,
-            };
-            let got = run(&images, shape, &plan);
-            let want = reference(&images, shape, &plan);
+        fn matches_the_float64_reference((shape, oh, ow, resample, theta, colour, seed) in arguments(9)) {
+            let resampled = resample.then_some((oh, ow, &theta[..]));
+            let (got, want) = with_case(shape, resampled, &colour, seed, |images, plan| {
+                (run(images, shape, plan), reference(images, shape, plan))
+            });
             for (g, w) in got.iter().zip(&want) {
                 // float32 rounding of 0-255 values, then the scale of 1/57
                 prop_assert!((f64::from(*g) - w).abs() < 0.05 / 57.0, "{g} against {w}");
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Rows wide enough for every vector loop and its tail, all three passes.
+        #[test]
+        fn the_avx2_build_gives_the_baseline_bits((shape, oh, ow, resample, theta, colour, seed) in arguments(70)) {
+            let resampled = resample.then_some((oh, ow, &theta[..]));
+            let (wide, baseline) = with_case(shape, resampled, &colour, seed, |images, plan| {
+                let wide = run(images, shape, plan);
+                BASELINE_ONLY.store(true, std::sync::atomic::Ordering::Relaxed);
+                let baseline = run(images, shape, plan);
+                BASELINE_ONLY.store(false, std::sync::atomic::Ordering::Relaxed);
+                (wide, baseline)
+            });
+            let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&wide), bits(&baseline));
         }
     }
 }
