@@ -7,9 +7,9 @@
 # Steps: make fastload importable (FASTLOAD_WHEEL=path.whl installs that wheel; else the
 # checkout's python/ folder when its extension is built; else `pip install -e ".[test]"`),
 # refuse to go on without CUDA, run the tests whose outcome depends on CUDA, run
-# `fastload bench --only h2d,to_device,dataset`, check on a small synthetic store that batches
-# reach the device byte-exact through FastLoadDataset + to_device (and time it), and run a short
-# `fastload train --device cuda --amp bf16`. Exit 1, naming the step, if any step fails or a
+# `fastload bench --only h2d,to_device,dataset` and the augmentation bench, check on a small
+# synthetic store that batches reach the device byte-exact through FastLoadDataset + to_device
+# (and time it), and run a short `fastload train --device cuda --amp bf16`. Exit 1, naming the step, if any step fails or a
 # CUDA step was skipped.
 set -euo pipefail
 
@@ -39,11 +39,12 @@ if [[ "$DEVICE" == cuda && "$TORCH" != *" 1" ]]; then
 fi
 
 step "tests whose outcome depends on CUDA"
-# The one test marked "needs CUDA", the bench tests (h2d and to_device stages run with CUDA), and
+# The tests marked "needs CUDA" (bf16 training, augmentation on CUDA against the CPU), the bench tests (h2d and to_device stages run with CUDA), and
 # the pinned-memory and to_device tests of the dataset.
 set +e
 timeout 120 python -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml" \
-    tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_bench.py \
+    tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_augment.py::test_cuda_matches_cpu \
+    tests/test_bench.py \
     tests/test_dataset.py -k "cuda or pin or to_device or bench or json or noisy or stage or quick" \
     >"$WORK/pytest.txt" 2>&1
 TESTS_RC=$?
@@ -53,6 +54,12 @@ tail -5 "$WORK/pytest.txt" >&2
 step "fastload bench --only h2d,to_device,dataset"
 timeout 100 python -m fastload bench --only h2d,to_device,dataset --size-gb 1 --repeats 3 --quiet \
     --json "$WORK/bench.json" || fail "fastload bench"
+
+step "augmentation on $DEVICE: benches/bench_augment.py"
+# Batch 64, 384 -> 224 crop + flip + jitter; torchvision and kornia rows only where installed.
+timeout 90 python benches/bench_augment.py --device "$DEVICE" --batches 16 --repeats 3 >"$WORK/augment.txt" \
+    || fail "benches/bench_augment.py --device $DEVICE"
+cat "$WORK/augment.txt" >&2
 
 step "batches on the device through FastLoadDataset + to_device, and a small store to train on"
 timeout 60 python - "$WORK" "$DEVICE" <<'EOF' || fail "the FastLoadDataset -> $DEVICE check"
@@ -136,6 +143,7 @@ report = {
     "bench": {"stages": stages, "figures": figures, "verdict": bench.get("verdict")},
     "to_device": json.load(open(f"{work}/to_device.json")),
     "train": epochs,
+    "augment": open(f"{work}/augment.txt").read().splitlines(),
     "seconds": seconds,
 }
 with open(out, "w") as f:
