@@ -9,8 +9,8 @@
 # refuse to go on without CUDA, run the tests whose outcome depends on CUDA, run
 # `fastload bench --only h2d,to_device,dataset` and the augmentation bench, check on a small
 # synthetic store that batches reach the device byte-exact through FastLoadDataset + to_device
-# (and time it), and run a short `fastload train --device cuda --amp bf16`. Exit 1, naming the step, if any step fails or a
-# CUDA step was skipped.
+# (and time it), and run a short `fastload train --device cuda --amp bf16`. Exit 1, naming the
+# step, if any step fails or a CUDA step was skipped.
 set -euo pipefail
 
 DEVICE="${DEVICE:-cuda}"
@@ -39,8 +39,9 @@ if [[ "$DEVICE" == cuda && "$TORCH" != *" 1" ]]; then
 fi
 
 step "tests whose outcome depends on CUDA"
-# The tests marked "needs CUDA" (bf16 training, augmentation on CUDA against the CPU), the bench tests (h2d and to_device stages run with CUDA), and
-# the pinned-memory and to_device tests of the dataset.
+# The tests marked "needs CUDA" (bf16 training, augmentation on CUDA against the CPU), the bench
+# tests (h2d and to_device stages run with CUDA), and the pinned-memory and to_device tests of
+# the dataset.
 set +e
 timeout 120 python -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml" \
     tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_augment.py::test_cuda_matches_cpu \

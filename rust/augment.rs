@@ -291,27 +291,29 @@ impl Geometry {
     }
 }
 
-/// What a band of output rows gets: with contrast 1 everything at once (`Whole`); else first
-/// the sampled, brightened planes and their grey sums, left in the rows' place in the output
-/// (`Brightened`), then contrast (`offset`: (1 - contrast) × the mean grey), saturation and the
-/// normalised, interleaved output (`Finished`).
-#[derive(Clone, Copy)]
-enum Pass {
-    Whole,
-    Brightened,
-    Finished { offset: f32 },
-}
-
-/// A band of output rows (`out`, from row `first_row`), what to do to it, the grey sums of its
-/// rows (`Brightened`) and this thread's scratch: the separable rows' `span` (see `write`) and
-/// a row's `planes`.
-struct Band<'b> {
-    pass: Pass,
-    first_row: usize,
-    out: &'b mut [f32],
-    sums: &'b mut [f64],
-    span: &'b mut [f32],
-    planes: &'b mut [f32],
+/// A band of output rows (`out`) and what to do to it, with this thread's scratch: `sampling`
+/// for the separable rows (see `write`) and a row's `planes`. With contrast 1 everything at
+/// once (`Whole`); else first the sampled, brightened planes, left in the rows' place in `out`,
+/// and the grey sum of each row (`Brightened`), then contrast (`offset`: (1 - contrast) × the
+/// mean grey), saturation and the normalised, interleaved output (`Finished`).
+enum Band<'b> {
+    Whole {
+        first_row: usize,
+        out: &'b mut [f32],
+        sampling: &'b mut [f32],
+        planes: &'b mut [f32],
+    },
+    Brightened {
+        first_row: usize,
+        out: &'b mut [f32],
+        sums: &'b mut [f64],
+        sampling: &'b mut [f32],
+    },
+    Finished {
+        offset: f32,
+        out: &'b mut [f32],
+        planes: &'b mut [f32],
+    },
 }
 
 /// One image's source pixels, geometry, colour factors and normalisation.
@@ -358,9 +360,9 @@ impl<'a, const C: usize> Image<'a, C> {
         let row_len = width * C;
         let rows_per_task = (PIXELS_PER_TASK / width).max(1);
         let band_len = rows_per_task * row_len;
-        // Scratch for the separable rows: the span and one value of padding, then with 3
-        // channels each output pixel as four lanes (see `sample_row`).
-        let span_len = match &self.geometry {
+        // Scratch for sampling the separable rows: the span and one value of padding, then with
+        // 3 channels each output pixel as four lanes (see `sample_row`).
+        let sampling_len = match &self.geometry {
             Geometry::Separable { span, .. } => span.len() + 1 + if C == 3 { 4 * width } else { 0 },
             Geometry::Affine { .. } => 0,
         };
@@ -368,14 +370,12 @@ impl<'a, const C: usize> Image<'a, C> {
             out.par_chunks_mut(band_len)
                 .enumerate()
                 .for_each(|(band, out)| {
-                    with_scratch(span_len + row_len, |scratch| {
-                        let (span, planes) = scratch.split_at_mut(span_len);
-                        self.rows(Band {
-                            pass: Pass::Whole,
+                    with_scratch(sampling_len + row_len, |scratch| {
+                        let (sampling, planes) = scratch.split_at_mut(sampling_len);
+                        self.rows(Band::Whole {
                             first_row: band * rows_per_task,
                             out,
-                            sums: &mut [],
-                            span,
+                            sampling,
                             planes,
                         });
                     })
@@ -388,14 +388,12 @@ impl<'a, const C: usize> Image<'a, C> {
             .zip(row_sums.par_chunks_mut(rows_per_task))
             .enumerate()
             .for_each(|(band, (out, sums))| {
-                with_scratch(span_len, |span| {
-                    self.rows(Band {
-                        pass: Pass::Brightened,
+                with_scratch(sampling_len, |sampling| {
+                    self.rows(Band::Brightened {
                         first_row: band * rows_per_task,
                         out,
                         sums,
-                        span,
-                        planes: &mut [],
+                        sampling,
                     });
                 })
             });
@@ -403,21 +401,17 @@ impl<'a, const C: usize> Image<'a, C> {
         let offset = (1.0 - self.contrast) * mean as f32;
         out.par_chunks_mut(band_len).for_each(|out| {
             with_scratch(row_len, |planes| {
-                self.rows(Band {
-                    pass: Pass::Finished { offset },
-                    first_row: 0,
+                self.rows(Band::Finished {
+                    offset,
                     out,
-                    sums: &mut [],
-                    span: &mut [],
                     planes,
                 });
             })
         });
     }
 
-    /// One band of output rows, from `first_row`, by `pass`, with this thread's scratch;
-    /// compiled twice, for baseline x86-64 and for AVX2, and run the widest this CPU has
-    /// (see `wide`).
+    /// One band of output rows; compiled twice, for baseline x86-64 and for AVX2, and run the
+    /// widest this CPU has (see `wide`).
     fn rows(&self, band: Band) {
         #[cfg(target_arch = "x86_64")]
         if wide() {
@@ -435,33 +429,39 @@ impl<'a, const C: usize> Image<'a, C> {
 
     #[inline(always)]
     fn rows_inline(&self, band: Band) {
-        let Band {
-            pass,
-            first_row,
-            out,
-            sums,
-            span,
-            planes,
-        } = band;
-        let rows = out.chunks_exact_mut(self.out_width * C);
-        match pass {
-            Pass::Whole => {
-                for (k, row) in rows.enumerate() {
-                    self.sample_row(first_row + k, planes, span);
+        let row_len = self.out_width * C;
+        match band {
+            Band::Whole {
+                first_row,
+                out,
+                sampling,
+                planes,
+            } => {
+                for (k, row) in out.chunks_exact_mut(row_len).enumerate() {
+                    self.sample_row(first_row + k, planes, sampling);
                     self.brighten(planes);
                     self.saturate(planes);
                     self.interleave(planes, row);
                 }
             }
-            Pass::Brightened => {
-                for (k, (row, sum)) in rows.zip(sums).enumerate() {
-                    self.sample_row(first_row + k, row, span);
+            Band::Brightened {
+                first_row,
+                out,
+                sums,
+                sampling,
+            } => {
+                for (k, (row, sum)) in out.chunks_exact_mut(row_len).zip(sums).enumerate() {
+                    self.sample_row(first_row + k, row, sampling);
                     self.brighten(row);
                     *sum = grey_sum::<C>(row);
                 }
             }
-            Pass::Finished { offset } => {
-                for row in rows {
+            Band::Finished {
+                offset,
+                out,
+                planes,
+            } => {
+                for row in out.chunks_exact_mut(row_len) {
                     for (to, &v) in planes.iter_mut().zip(row.iter()) {
                         *to = clamp(self.contrast * v + offset);
                     }
@@ -473,9 +473,9 @@ impl<'a, const C: usize> Image<'a, C> {
     }
 
     /// Output row `i`'s bilinear samples (0–255 floats) into `planes` (C planes of out_width);
-    /// `scratch`: the separable rows' (`write`).
+    /// `sampling`: the separable rows' scratch (`write`).
     #[inline(always)]
-    fn sample_row(&self, i: usize, planes: &mut [f32], scratch: &mut [f32]) {
+    fn sample_row(&self, i: usize, planes: &mut [f32], sampling: &mut [f32]) {
         match &self.geometry {
             Geometry::Separable {
                 columns,
@@ -485,7 +485,7 @@ impl<'a, const C: usize> Image<'a, C> {
                 let y = rows[i];
                 let top = &self.pixels[y.near + range.start..y.near + range.end];
                 let bottom = &self.pixels[y.far + range.start..y.far + range.end];
-                let (span, quads) = scratch.split_at_mut(range.len() + 1);
+                let (span, quads) = sampling.split_at_mut(range.len() + 1);
                 for ((blend, &a), &b) in span.iter_mut().zip(top).zip(bottom) {
                     let a = f32::from(a);
                     *blend = a + (f32::from(b) - a) * y.weight;
