@@ -1,10 +1,13 @@
-"""Batch buffers and their lifetime: a buffer is refilled only once no tensor built on it is
-alive (and, when pinned, once the GPU copy queued on it has finished)."""
+"""Batch buffers and their lifetime: a buffer is refilled only once nothing built on it is
+alive (no tensor, NumPy or DLPack view, no Python storage object; and, when pinned, once the
+GPU copy queued on it has finished), and never again once its memory was moved away."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import sys
 import weakref
 from typing import Any, Optional, Tuple
 
@@ -17,6 +20,20 @@ def _use_count(tensor: torch.Tensor) -> int:
     0 where this torch cannot tell, so buffers are then never reused."""
     count = getattr(torch._C, "_storage_Use_Count", None)
     return count(tensor.untyped_storage()._cdata) if count else 0
+
+
+def _storage_holders(tensor: torch.Tensor) -> int:
+    """Python references to `tensor`'s storage object, which the use count above does not
+    see: `images.untyped_storage()` kept alive alone still reaches the batch's bytes."""
+    return sys.getrefcount(tensor.untyped_storage())
+
+
+def _memory(tensor: torch.Tensor) -> Tuple[int, int, bool]:
+    """(address, bytes, shared) of `tensor`'s storage: `share_memory_()` (which pickling for a
+    torch.multiprocessing queue also does) or a storage `resize_` moves the bytes elsewhere and
+    frees the old ones, which the prefetcher would still write through."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes(), storage.is_shared()
 
 
 class Buffer:
@@ -34,15 +51,28 @@ class Buffer:
         self.slot = -1
         self.lent = False
         self.baseline = self._references()
+        self.memory = self._memory()
 
-    def _references(self) -> Tuple[int, int]:
-        return (_use_count(self.images), _use_count(self.labels))
+    def _references(self) -> Tuple[int, ...]:
+        return (
+            _use_count(self.images),
+            _use_count(self.labels),
+            _storage_holders(self.images),
+            _storage_holders(self.labels),
+        )
+
+    def _memory(self) -> Tuple[Tuple[int, int, bool], ...]:
+        return _memory(self.images), _memory(self.labels)
 
     def unreferenced(self, dying_images: int = 0) -> bool:
-        """No tensor but ours uses the buffer, apart from `dying_images` images tensors whose
-        finalizer is running."""
-        images, labels = self._references()
-        return self.baseline[0] > 0 and (images - dying_images, labels) == self.baseline
+        """No tensor or storage object but ours uses the buffer, apart from `dying_images`
+        images tensors whose finalizer is running."""
+        images, *others = self._references()
+        return self.baseline[0] > 0 and (images - dying_images, *others) == self.baseline
+
+    def moved(self) -> bool:
+        """Whether the images or labels no longer live in the memory the prefetcher was lent."""
+        return self._memory() != self.memory
 
 
 @functools.cache
@@ -65,7 +95,9 @@ class BufferPool:
     never overwritten and steady state allocates nothing. An unpinned buffer comes back the
     moment the batch's images tensor dies, as in a `for` loop that moves on to the next
     batch; a pinned one (or one still referenced then) when the prefetcher next needs a
-    buffer, after the GPU copy queued on it has finished. In a DataLoader worker the batches travel to the main
+    buffer, after the GPU copy queued on it has finished. A buffer whose memory the user moved
+    while holding it (`share_memory_()`, a torch.multiprocessing queue) is retired instead: the
+    prefetcher never writes to it again. In a DataLoader worker the batches travel to the main
     process through shared memory, where this process cannot see who holds them: there every
     batch gets a fresh shared-memory buffer."""
 
@@ -135,11 +167,27 @@ class BufferPool:
         if self.active is None or not self.active.adopt(buf):
             self._free.append(buf)
 
+    def _end_loan(self, buf: Buffer) -> bool:
+        """Takes back a buffer the user has let go of. False when its memory was moved away
+        while lent: then the buffer is retired, and nothing writes to it again."""
+        buf.lent = False
+        self._lent.remove(buf)
+        if not buf.moved():
+            return True
+        if buf.owner is not None:
+            with contextlib.suppress(ValueError):  # a closed prefetcher has let go of it already
+                buf.owner.retire(buf.slot)
+            buf.owner = None
+        return False
+
     def _let_go(self, buf: Buffer) -> None:
         """The yielded images tensor is going; if nothing else holds the buffer, it is free now."""
-        if buf.lent and not self._pin and buf.unreferenced(dying_images=_dying_view_count()):
-            buf.lent = False
-            self._lent.remove(buf)
+        if (
+            buf.lent
+            and not self._pin
+            and buf.unreferenced(dying_images=_dying_view_count())
+            and self._end_loan(buf)
+        ):
             self.give_back(buf)
 
     def reclaim(self) -> None:
@@ -147,8 +195,8 @@ class BufferPool:
         current CUDA stream is the one the user's copies were queued on)."""
         let_go = [buf for buf in self._lent if buf.unreferenced()]
         for buf in let_go:
-            buf.lent = False
-            self._lent.remove(buf)
+            if not self._end_loan(buf):
+                continue
             if self._pin and torch.cuda.is_initialized():
                 buf.copied = torch.cuda.Event()
                 buf.copied.record()
