@@ -233,6 +233,14 @@ ROWS = [
         TypeError,
         "JSON serializable",
     ),
+    (
+        "StoreWriter(meta={'class_names': ['cat', 'cat', '7']})",
+        lambda f: StoreWriter(
+            f.new, (2, 2, 3), label_dtype="int64", meta={"class_names": ["cat", "cat", "7"]}
+        ),
+        ValueError,
+        "one name to several classes",
+    ),
     # writer.append / extend / commit
     (
         "append(float32 image)",
