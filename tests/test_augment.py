@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from fastload import Augment, FastLoadDataset, StoreWriter, cli, to_device
-from fastload.augment import _signed, _splitmix64_int, splitmix64, uniforms
+from fastload.augment import MAX_JITTER, _signed, _splitmix64_int, save_preview, splitmix64, uniforms
 
 try:
     from torchvision.transforms import InterpolationMode
@@ -423,11 +423,134 @@ def test_from_spec_builds_the_documented_augmentations():
         ({"degrees": -3}, "degrees must be between 0 and 180"),
         ({"saturation": 2}, "saturation must be between 0 and 1"),
         ({"seed": -1}, "seed must be a non-negative int"),
+        ({"size": True}, "size must be a positive int"),  # was a 1×1 output
+        ({"size": (True, 8)}, "size must be a positive int"),
+        ({"size": "ab"}, "size must be a positive int"),
+        ({"seed": True}, "seed must be a non-negative int"),
+        ({"hflip": True}, "hflip must be a number, not True"),
+        ({"hflip": "0.5"}, "hflip must be a number"),
+        ({"brightness": None}, "brightness must be a number"),
+        ({"brightness": 1e39}, "brightness must be between 0 and 100"),  # inf as a float32 factor
+        ({"contrast": 2**2000}, "contrast must be a finite number, not an integer of 2001 bits"),
+        ({"scale": 5}, r"scale must be a \(low, high\) range"),
+        ({"ratio": (1.0, 2.0, 3.0)}, r"ratio must be a \(low, high\) range"),
     ],
 )
 def test_bad_options_are_refused_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Augment(**kwargs)
+
+
+# Every number option, with a value put in for it (in one end of a range, `end`).
+NUMBER_OPTIONS = (
+    "hflip",
+    "vflip",
+    "degrees",
+    "translate",
+    "brightness",
+    "contrast",
+    "saturation",
+    "scale",
+    "ratio",
+)
+RANGES = {"scale": (0.5, 1.0), "ratio": (0.75, 1.5)}
+
+
+def options_with(name, value, end=0):
+    if name not in RANGES:
+        return {name: value}
+    pair = list(RANGES[name])
+    pair[end] = value
+    return {name: tuple(pair)}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "name, end", [(name, end) for name in NUMBER_OPTIONS for end in ((0, 1) if name in RANGES else (0,))]
+)
+def test_non_finite_numbers_are_refused_by_name(name, value, end):
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number, not {value}$"):
+        Augment(**options_with(name, value, end))
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]  # float32: the CPU kernel
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(NUMBER_OPTIONS),
+    value=st.one_of(st.floats(), st.integers(-(2**1100), 2**1100), st.booleans()),
+    end=st.integers(0, 1),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_a_number_augment_takes_gives_finite_pixels_and_any_other_is_refused_by_name(name, value, end, dtype):
+    """NaN, infinity, numbers beyond a float or beyond what a factor may hold in float32 (or in
+    float16 after a product of two), bools: refused up front, by the argument's name. Whatever
+    is accepted gives finite pixels in [0, 1] in every dtype, on the kernel's path and torch's."""
+    try:
+        aug = Augment(size=(6, 5), **options_with(name, value, end))
+    except ValueError as error:
+        assert str(error).startswith(f"{name} must "), str(error)
+        return
+    out = aug(smooth_images(2, 12, 10), [3, 4], 0, dtype)
+    assert bool(torch.isfinite(out).all()) and float(out.min()) >= 0 and float(out.max()) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    strengths=st.tuples(*[st.floats(0.0, MAX_JITTER)] * 2, st.floats(0.0, 1.0)),
+    geometry=st.tuples(st.floats(0.0, 180.0), st.floats(0.0, 1.0), st.floats(1e-300, 1.0)),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_every_option_at_once_within_its_bounds_gives_finite_pixels(strengths, geometry, dtype):
+    brightness, contrast, saturation = strengths
+    degrees, translate, smallest = geometry
+    aug = Augment(
+        size=(7, 9),
+        scale=(smallest, 1.0),
+        ratio=(1e-300, 1e300),
+        hflip=0.5,
+        degrees=degrees,
+        translate=translate,
+        brightness=brightness,
+        contrast=contrast,
+        saturation=saturation,
+    )
+    out = aug(smooth_images(3, 12, 10), [0, 1, 2], 5, dtype)
+    assert bool(torch.isfinite(out).all()) and float(out.min()) >= 0 and float(out.max()) <= 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_strongest_jitter_stays_finite_in_every_dtype(dtype):
+    aug = Augment(brightness=MAX_JITTER, contrast=MAX_JITTER, saturation=1.0)
+    out = aug(smooth_images(64, 4, 4), range(64), 0, dtype)
+    assert bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"scale": torch.full((1, 3, 1, 1), math.inf)},
+        {"shift": torch.full((1, 1, 1, 1), math.nan)},
+        {"scale": torch.full((1, 3, 1, 1), 300.0, dtype=torch.float16), "dtype": torch.float16},
+    ],
+    ids=["inf scale", "nan shift", "float16 overflow"],
+)
+@pytest.mark.parametrize("aug", [Augment(), Augment(hflip=0.5)], ids=["no-op", "flips"])
+def test_a_normalisation_that_overflows_is_refused_before_the_kernel(aug, kwargs):
+    """The kernel's own check names its internal values (theta, colour, ...): never shown."""
+    with pytest.raises(ValueError, match=r"normalised pixels x \* scale - shift .* not finite") as error:
+        aug.apply(smooth_images(), [0, 1, 2], 0, **kwargs)
+    assert "theta" not in str(error.value)
+
+
+@pytest.mark.parametrize("augment", [None, Augment(hflip=0.5)], ids=["convert", "augment"])
+@pytest.mark.parametrize("std", [1e-41, 1e-39])
+def test_to_device_names_a_std_that_overflows_float32(augment, std):
+    """1 / (255 std) (or mean / std) beyond float32: not the kernel's message, but the std."""
+    with pytest.raises(ValueError, match="std") as error:
+        to_device(smooth_images(), "cpu", mean=[0.5], std=[std], augment=augment, keys=[0, 1, 2])
+    assert "theta" not in str(error.value)
 
 
 def test_bad_calls_are_refused_with_the_reason():
@@ -441,6 +564,8 @@ def test_bad_calls_are_refused_with_the_reason():
         aug(images, [0.0, 1.0, 2.0], 0)
     with pytest.raises(ValueError, match="epoch must be a non-negative int"):
         aug(images, [0, 1, 2], -1)
+    with pytest.raises(ValueError, match="epoch must be a non-negative int, not True"):
+        aug(images, [0, 1, 2], True)
     with pytest.raises(TypeError, match="uint8 tensor"):
         aug(images.float(), [0, 1, 2], 0)
     with pytest.raises(TypeError, match="fastload.Augment"):
@@ -461,8 +586,6 @@ def run_cli(*args):
 def test_preview_png_shows_records_by_epoch(store_path, tmp_path):
     from PIL import Image
 
-    from fastload.augment import save_preview
-
     out = tmp_path / "grid.png"
     size = save_preview(store_path, out, Augment(size=(6, 5), hflip=0.5), records=3, epochs=4)
     assert size == (4 * 7 + 2, 3 * 8 + 2)
@@ -476,6 +599,22 @@ def test_preview_png_shows_records_by_epoch(store_path, tmp_path):
     tile = Augment(size=(6, 5), hflip=0.5)(torch.from_numpy(store.gather([34])[0]), [34], 0)
     expected = (tile[0] * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
     np.testing.assert_array_equal(picture[10:16, 2:7], expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"records": math.nan}, "records must be an int >= 1, not nan"),
+        ({"records": 2.5}, "records must be an int >= 1, not 2.5"),
+        ({"epochs": True}, "epochs must be an int >= 1, not True"),
+        ({"epochs": math.inf}, "epochs must be an int >= 1, not inf"),
+        ({"first_epoch": -1}, "first_epoch must be an int >= 0, not -1"),
+    ],
+)
+def test_preview_refuses_counts_that_are_not_whole_numbers(store_path, tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        save_preview(store_path, tmp_path / "grid.png", Augment(), **kwargs)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_augment_preview_writes_the_grid(store_path, tmp_path):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastload import Store, StoreError, StoreWriter
+from fastload import Augment, Store, StoreError, StoreWriter
+from fastload.augment import save_preview
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.inspect import info, verify
 from fastload.pack import pack
@@ -232,6 +233,14 @@ ROWS = [
         lambda f: StoreWriter(f.new, (2, 2, 3), meta={"a": object()}),
         TypeError,
         "JSON serializable",
+    ),
+    (
+        "StoreWriter(meta={'class_names': ['cat', 'cat', '7']})",
+        lambda f: StoreWriter(
+            f.new, (2, 2, 3), label_dtype="int64", meta={"class_names": ["cat", "cat", "7"]}
+        ),
+        ValueError,
+        "one name to several classes",
     ),
     # writer.append / extend / commit
     (
@@ -464,6 +473,50 @@ ROWS = [
         "label_dtype",
     ),
     ("pack(workers=0)", lambda f: pack(f.images, f.new, workers=0), ValueError, "workers"),
+    # Augment, save_preview
+    (
+        "Augment(brightness=inf)",
+        lambda f: Augment(brightness=float("inf")),
+        ValueError,
+        "brightness must be a finite",
+    ),
+    ("Augment(hflip=nan)", lambda f: Augment(hflip=float("nan")), ValueError, "hflip must be a finite"),
+    (
+        "Augment(scale=(nan, 1))",
+        lambda f: Augment(scale=(float("nan"), 1)),
+        ValueError,
+        "scale must be a finite",
+    ),
+    ("Augment(brightness=1e39)", lambda f: Augment(brightness=1e39), ValueError, "between 0 and 100"),
+    ("Augment(hflip='0.5')", lambda f: Augment(hflip="0.5"), ValueError, "hflip must be a number"),
+    ("Augment(size=True)", lambda f: Augment(size=True), ValueError, "size must be a positive int"),
+    ("Augment(seed=True)", lambda f: Augment(seed=True), ValueError, "seed must be a non-negative int"),
+    (
+        "Augment().apply(scale=inf)",
+        lambda f: Augment().apply(
+            torch.zeros((1, 2, 2, 3), dtype=torch.uint8), [0], 0, scale=torch.full((1, 3, 1, 1), float("inf"))
+        ),
+        ValueError,
+        "not finite",
+    ),
+    (
+        "to_device(CPU float32, std=[1e-41])",
+        lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", std=[1e-41]),
+        ValueError,
+        "std",
+    ),
+    (
+        "save_preview(records=nan)",
+        lambda f: save_preview(f.store, f.new, Augment(), records=float("nan")),
+        ValueError,
+        "records must be an int",
+    ),
+    (
+        "save_preview(epochs=True)",
+        lambda f: save_preview(f.store, f.new, Augment(), epochs=True),
+        ValueError,
+        "epochs must be an int",
+    ),
     # split_indices
     ("split_indices(-1, 0.1)", lambda f: split_indices(-1, 0.1), ValueError, "n must be"),
     ("split_indices(10, 2.0)", lambda f: split_indices(10, 2.0), ValueError, "val_fraction"),

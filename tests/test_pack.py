@@ -250,6 +250,17 @@ def test_class_folders_give_class_indices_and_names(tmp_path):
     assert progress[-1] == (4, 4) and report.records == 4
 
 
+def test_class_folders_that_read_as_one_name_are_refused(tmp_path):
+    """Two folders may differ as bytes yet read the same ('é' as one code point or as e and an
+    accent): their classes would show as one."""
+    src = photo_folder(tmp_path / "src", ["\u00e9/1.png", "e\u0301/2.png", "x/3.png"])
+    with pytest.raises(
+        ValueError, match="class folders that read as one name: 'é' .*different Unicode forms"
+    ):
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert not (tmp_path / "s.fl").exists()
+
+
 def test_a_file_name_that_is_not_utf8_packs(tmp_path):
     (tmp_path / "src" / "c").mkdir(parents=True)
     name = os.fsdecode(b"bad\xffname.png")  # a byte that is not UTF-8 (Linux allows it)

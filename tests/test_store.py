@@ -3,6 +3,8 @@
 import gc
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -303,6 +305,64 @@ def test_fork_safe_gather_in_dataloader_workers(store_path):
         np.testing.assert_array_equal(np.asarray(batch), images[idx.numpy()])
         seen += 1
     assert seen == 8
+
+
+@pytest.mark.parametrize(
+    "names, shared",
+    [
+        (["cat", "cat", "7"], "'cat' (labels 0, 1)"),
+        (("a", "b", "a", "b"), "'a' (labels 0, 2); 'b' (labels 1, 3)"),
+        ([7, "7"], "'7' (labels 0, 1)"),  # a reader shows names as text
+        (["\u00e9", "e\u0301"], "labels 0 as '\\xe9', 1 as 'e\\u0301': one text in different Unicode forms"),
+    ],
+)
+def test_class_names_shared_by_two_classes_are_refused(tmp_path, names, shared):
+    """A reader counts records per class name: two classes of one name would merge."""
+    with pytest.raises(ValueError, match="one name to several classes") as error:
+        StoreWriter(tmp_path / "s.bin", (2, 2, 1), label_dtype="int64", meta={"class_names": names})
+    assert shared in str(error.value)
+    writer = StoreWriter(tmp_path / "s.bin", (2, 2, 1), label_dtype="int64", meta={"class_names": ["x", "y"]})
+    writer.append(np.zeros((2, 2, 1), np.uint8), 0)
+    writer.meta["class_names"] = names  # spoilt after construction: refused at commit, nothing written
+    with pytest.raises(ValueError, match="one name to several classes"):
+        writer.commit()
+    assert not (tmp_path / "s.bin").exists()
+    writer.discard()
+
+
+def test_info_counts_every_class_of_a_store_whose_names_repeat(tmp_path):
+    """A store written before names were checked (or edited by hand) still reports every record:
+    when two labels share a name, each class shows with its label."""
+    labels = [0] * 3 + [1] * 6 + [2] * 4 + [7]
+    path = write_store(
+        tmp_path / "s.bin",
+        random_images(len(labels), (2, 2, 1)),
+        labels,
+        label_dtype="int64",
+        meta={"class_names": ["cat", "cau", "7"]},
+    )
+    data = path.read_bytes()
+    assert data.count(b'"cau"') == 1  # the metadata has no checksum: the edit opens as a valid store
+    path.write_bytes(data.replace(b'"cau"', b'"cat"'))
+    assert Store(path).meta["class_names"] == ["cat", "cat", "7"]
+    classes = fastload.inspect.info(path)["labels"]["classes"]
+    assert classes == {"cat (0)": 3, "cat (1)": 6, "7 (2)": 4, "unnamed (7)": 1}
+    assert sum(classes.values()) == len(labels)
+    shown = subprocess.run(
+        [sys.executable, "-m", "fastload", "info", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert "classes    cat (0): 3, cat (1): 6, 7 (2): 4, unnamed (7): 1\n" in shown.stdout, shown.stderr
+
+
+def test_info_counts_classes_by_name_when_names_are_distinct(tmp_path):
+    path = write_store(
+        tmp_path / "s.bin",
+        random_images(5, (2, 2, 1)),
+        [0, 1, 1, 4, 4],
+        label_dtype="int64",
+        meta={"class_names": ["cat", "dog"]},
+    )
+    assert fastload.inspect.info(path)["labels"]["classes"] == {"cat": 1, "dog": 2, "4": 2}
 
 
 def test_info_and_memory_plan(store_path):

@@ -31,6 +31,7 @@ augmentation whatever the batch size, worker count, world size or a mid-epoch re
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -56,6 +57,11 @@ _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, the weights torchvision's rgb_
 _CPU_WORKING_SET = 8 << 20
 
 SPEC_TERMS = ("crop", "flip", "vflip", "jitter", "rotate", "translate")
+
+# Brightness and contrast factors are drawn up to 1 + this. A larger strength only whitens more
+# of each image (a factor of 101 already takes any pixel above 2 to white), and the bound keeps a
+# brightness gain times a contrast factor (10,201 at most) finite even in float16.
+MAX_JITTER = 100.0
 
 
 def _signed(value: int) -> int:
@@ -101,25 +107,83 @@ def check_uint8_batch(images: torch.Tensor) -> None:
         raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
 
 
+def _whole(value) -> bool:
+    """An integer, and not a bool (True is an int to Python, but never a size or a seed)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value, name: str) -> float:
+    """`value` as a finite float. NaN or infinity would reach every output pixel, so they are
+    refused here by the argument's name; so are bools and strings, which float() would take."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, not {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(
+            f"{name} must be a finite number, not an integer of {int(value).bit_length()} bits"
+        ) from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {value}")
+    return value
+
+
 def _pair(value, name: str) -> Tuple[float, float]:
-    low, high = (float(v) for v in value)
-    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+    try:
+        low, high = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (low, high) range, not {value!r}") from None
+    low, high = _number(low, name), _number(high, name)
+    if low > high:
         raise ValueError(f"{name} must be a (low, high) range with low <= high, not {tuple(value)!r}")
     return low, high
 
 
 def _probability(value: float, name: str) -> float:
-    value = float(value)
+    value = _number(value, name)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a probability between 0 and 1, not {value}")
     return value
 
 
-def _strength(value: float, name: str, upper: float = math.inf) -> float:
-    value = float(value)
+def _strength(value: float, name: str, upper: float) -> float:
+    value = _number(value, name)
     if not 0.0 <= value <= upper:
-        raise ValueError(f"{name} must be between 0 and {upper}, not {value}")
+        raise ValueError(f"{name} must be between 0 and {upper:g}, not {value}")
     return value
+
+
+def _size(size) -> Optional[Tuple[int, int]]:
+    """Augment's `size` as (height, width), or None."""
+    if size is None:
+        return None
+    if _whole(size):
+        pair = (size, size)
+    else:
+        try:
+            pair = tuple(size)
+        except TypeError:
+            pair = ()
+    if len(pair) != 2 or not all(_whole(s) and s >= 1 for s in pair):
+        raise ValueError(f"size must be a positive int or (height, width), not {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def check_normalisation(scale: torch.Tensor, shift: torch.Tensor) -> None:
+    """Refuses a per-channel `scale` and `shift` (on the CPU) under which some pixel value
+    0-255 would not normalise to a finite number in their dtype, saying where they come from,
+    before that becomes inf or NaN pixels or the kernel's last check (which names internal
+    values). Tensors on an accelerator are not read: that would wait for its queue; to_device
+    checks the mean and std they are made from."""
+    if scale.device.type != "cpu" or shift.device.type != "cpu":
+        return
+    widest = 255 * scale.abs() + shift.abs()  # the largest |x * scale - shift| for x in 0-255
+    if not bool(torch.isfinite(widest).all()):
+        raise ValueError(
+            f"the normalised pixels x * scale - shift (x in 0-255) are not finite in {scale.dtype} with "
+            f"scale {scale.flatten().tolist()} and shift {shift.flatten().tolist()}: to_device makes them "
+            "1 / (255 std) and mean / std, so give a std further from 0, a mean nearer 0, or a wider dtype"
+        )
 
 
 class Augment:
@@ -135,7 +199,8 @@ class Augment:
       `translate`: shift drawn in [-translate, translate] × the output's width and height.
       Pixels from outside the image repeat its border.
     - `brightness`, `contrast`, `saturation`: factors drawn in [1 - x, 1 + x] and floored at
-      0, as torchvision's ColorJitter (applied in that order, each clamped to the valid range).
+      0, as torchvision's ColorJitter (applied in that order, each clamped to the valid range);
+      brightness and contrast at most MAX_JITTER (100), saturation at most 1.
     - `seed`: with the epoch and the record index, what decides every draw.
 
     Resampling is bilinear without antialiasing, so a crop shrunk more than 2x aliases where
@@ -156,11 +221,7 @@ class Augment:
         saturation: float = 0.0,
         seed: int = 0,
     ):
-        if size is not None:
-            size = (size, size) if isinstance(size, int) else tuple(size)
-            if len(size) != 2 or not all(isinstance(s, int) and s >= 1 for s in size):
-                raise ValueError(f"size must be a positive int or (height, width), not {size!r}")
-        self.size: Optional[Tuple[int, int]] = size
+        self.size = _size(size)
         self.scale = None if scale is None else _pair(scale, "scale")
         if self.scale is not None and not 0.0 < self.scale[0] <= self.scale[1] <= 1.0:
             raise ValueError(f"scale must lie in (0, 1], not {self.scale!r}")
@@ -171,12 +232,12 @@ class Augment:
         self.vflip = _probability(vflip, "vflip")
         self.degrees = _strength(degrees, "degrees", 180.0)
         self.translate = _strength(translate, "translate", 1.0)
-        self.brightness = _strength(brightness, "brightness")
-        self.contrast = _strength(contrast, "contrast")
+        self.brightness = _strength(brightness, "brightness", MAX_JITTER)
+        self.contrast = _strength(contrast, "contrast", MAX_JITTER)
         self.saturation = _strength(saturation, "saturation", 1.0)
-        if not isinstance(seed, int) or seed < 0:
+        if not _whole(seed) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, not {seed!r}")
-        self.seed = seed
+        self.seed = int(seed)
 
     @classmethod
     def from_spec(cls, spec: str, size: Union[None, int, Sequence[int]] = None, seed: int = 0) -> Augment:
@@ -331,14 +392,16 @@ class Augment:
             raise ValueError(f"keys must give one record index per image: {len(keys)} keys for {n} images")
         if keys.dtype.is_floating_point or keys.dtype == torch.bool:
             raise TypeError(f"keys must be integer record indices, not {keys.dtype}")
-        if not isinstance(epoch, int) or epoch < 0:
+        if not _whole(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
+        epoch = int(epoch)  # a NumPy integer would overflow in the hash's 64-bit masking
         if (self.contrast or self.saturation) and channels != 3:
             raise ValueError(f"contrast and saturation jitter need RGB images, not {channels} channels")
         if scale is None:
             scale = torch.full((1, 1, 1, 1), 1.0 / 255.0, dtype=dtype, device=images.device)
         if shift is None:
             shift = torch.zeros((1, 1, 1, 1), dtype=dtype, device=images.device)
+        check_normalisation(scale, shift)
         out_h, out_w = self.output_size(height, width)
         native = kernel_runs(images, dtype)
         if native and channels_last and n > 0:
@@ -452,6 +515,7 @@ def convert(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> t
     """to_device's CPU float32 conversion, `x * scale - shift`, by the kernel without
     resampling or jitter: one parallel pass into recycled memory instead of three torch passes
     over fresh memory, with the same float32 operations, so the same bits."""
+    check_normalisation(scale, shift)
     n, height, width, channels = images.shape
     out = recycled_batch(n, height, width, channels)
     run_kernel(images, None, torch.ones((n, 3)), scale, shift, out)
@@ -502,10 +566,13 @@ def save_preview(
         from PIL import Image
     except ImportError:
         raise ImportError("the preview needs Pillow: pip install pillow") from None
-    if records < 1 or epochs < 1 or first_epoch < 0:
-        raise ValueError(
-            f"need records >= 1, epochs >= 1 and first_epoch >= 0, not {records}, {epochs}, {first_epoch}"
-        )
+    for name, value, least in (
+        ("records", records, 1),
+        ("epochs", epochs, 1),
+        ("first_epoch", first_epoch, 0),
+    ):
+        if not _whole(value) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
     path = _fspath(path, "preview path")
     owned = not isinstance(store, Store)
     store = Store(store) if owned else store

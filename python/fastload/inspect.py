@@ -5,11 +5,11 @@ float32 tensors, against this machine's RAM and cores)."""
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store
+from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store, shared_class_names
 
 __all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores"]
 
@@ -53,19 +53,26 @@ def _meta_list(store: Store, key: str) -> Optional[list]:
     return value if isinstance(value, list) else None
 
 
+def _class_counts(labels: np.ndarray, names: Optional[list]) -> Dict[str, int]:
+    """Records per label, each under its class name (the label itself where the store names
+    none). Where two labels would show under one key (a store written with one name for two
+    classes, or a name that is another label's number), every class shows as 'NAME (LABEL)'
+    ('unnamed (LABEL)' where it has none), so no class's count is merged into another's."""
+    values, counts = np.unique(labels, return_counts=True)
+    values = values.tolist()
+    named = [str(names[v]) if names is not None and 0 <= v < len(names) else None for v in values]
+    keys = [str(v) if name is None else name for v, name in zip(values, named)]
+    if shared_class_names(keys):
+        keys = [f"{'unnamed' if name is None else name} ({v})" for v, name in zip(values, named)]
+    return dict(zip(keys, counts.tolist()))
+
+
 def info(path: PathLike) -> dict:
     """A summary of a store: size, shape, label statistics, page-cache residency and memory plan."""
     with Store(path) as store:
         labels = np.asarray(store.labels)
         if store.label_dtype == np.int64:
-            values, counts = np.unique(labels, return_counts=True)
-            names = _meta_list(store, "class_names")
-            stats = {
-                "classes": {
-                    (str(names[v]) if names and 0 <= v < len(names) else str(v)): int(c)
-                    for v, c in zip(values.tolist(), counts.tolist())
-                }
-            }
+            stats = {"classes": _class_counts(labels, _meta_list(store, "class_names"))}
         elif len(labels):
             stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
         else:

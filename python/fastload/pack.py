@@ -30,7 +30,7 @@ import numpy as np
 from fastload import _core
 from fastload.options import MAX_LABELS_CSV_BYTES, RESIZE_MODES
 from fastload.progress import Progress
-from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath
+from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath, shared_class_names
 
 #: Extensions taken for images when a file has no label (other unlabelled files are not images).
 IMAGE_EXTENSIONS = frozenset(
@@ -356,6 +356,11 @@ def _find_labels(
             f"{src}: no labels. Either pass a CSV of `relative/path,label` rows "
             "(labels=... / --labels FILE.csv), or put the images in one subfolder per class "
             f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order)"
+        )
+    shared = shared_class_names(class_names)  # folders differ as bytes, but may read the same
+    if shared:
+        raise ValueError(
+            f"{src}: class folders that read as one name: {'; '.join(shared)}; rename them apart"
         )
     index = {name: i for i, name in enumerate(class_names)}
     by_path = {f: index[f.split("/", 1)[0]] for f in files if "/" in f}

@@ -7,8 +7,9 @@ import datetime
 import json
 import math
 import os
+import unicodedata
 from pathlib import Path
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -248,6 +249,26 @@ class Store:
         self.close()
 
 
+def shared_class_names(names: Sequence[Any]) -> List[str]:
+    """Each name that several classes share in `names` (label i is named names[i]), as "'cat'
+    (labels 0, 1)": readers count records per name, so two classes of one name would merge. Names
+    compare as a reader shows them, as text in Unicode NFC: an 'é' typed two ways is one name."""
+    labels: Dict[str, List[int]] = {}
+    for label, name in enumerate(names):
+        labels.setdefault(unicodedata.normalize("NFC", str(name)), []).append(label)
+    shared = []
+    for name, group in labels.items():
+        if len(group) < 2:
+            continue
+        forms = [str(names[label]) for label in group]
+        if len(set(forms)) == 1:
+            shared.append(f"{name!r} (labels {', '.join(map(str, group))})")
+        else:
+            written = ", ".join(f"{label} as {ascii(form)}" for label, form in zip(group, forms))
+            shared.append(f"{name!r} (labels {written}: one text in different Unicode forms)")
+    return shared
+
+
 def _meta_problem(value: Any, where: str, depth: int, seen: list) -> Optional[str]:
     """The first reason `value` cannot be stored as metadata a reader accepts, naming where
     it is (NaN, infinity, a lone surrogate, nesting or size beyond the reader's bounds).
@@ -294,7 +315,8 @@ class StoreWriter:
     link to a store, overwrite=True replaces the file it points to and keeps the link; a
     link to nothing is refused. Metadata is checked here, not at commit: it must be JSON a
     reader accepts (no NaN or infinity, no lone surrogates, at most MAX_META_LEN bytes,
-    MAX_META_VALUES elements and MAX_META_DEPTH levels)."""
+    MAX_META_VALUES elements and MAX_META_DEPTH levels), and a `class_names` list must give
+    each class a name of its own."""
 
     def __init__(
         self,
@@ -377,6 +399,13 @@ class StoreWriter:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **self.meta,
         }
+        names = meta.get("class_names")
+        shared = shared_class_names(names) if isinstance(names, (list, tuple)) else []
+        if shared:
+            raise ValueError(
+                f"meta['class_names'] gives one name to several classes: {'; '.join(shared)}; "
+                "each class needs a name of its own"
+            )
         try:
             text = json.dumps(meta, ensure_ascii=False, allow_nan=False)
             size = len(text.encode("utf-8"))
