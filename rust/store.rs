@@ -108,6 +108,12 @@ impl Store {
     pub fn path(&self) -> &Path {
         &self.path
     }
+    /// The file as it was when opened: a reader in another process compares it with the
+    /// file it opens by path, to tell a store replaced in between.
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
     pub fn header(&self) -> &Header {
         &self.header
     }

@@ -182,6 +182,13 @@ impl CoreStore {
         Ok(self.store()?.resident_bytes())
     }
 
+    /// (device, inode, length, modification time in ns) of the file when it was opened.
+    #[getter]
+    fn identity(&self) -> PyResult<(u64, u64, u64, i128)> {
+        let id = self.store()?.identity();
+        Ok((id.dev, id.ino, id.len, id.mtime_ns))
+    }
+
     /// Raises StoreError if the mapped file was truncated or rewritten in place since opening.
     fn check_unchanged(&self) -> PyResult<()> {
         self.store()?.check_unchanged().map_err(to_py)
