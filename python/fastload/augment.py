@@ -101,6 +101,11 @@ def check_uint8_batch(images: torch.Tensor) -> None:
         raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
 
 
+def check_epoch(epoch) -> None:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
+
+
 def _pair(value, name: str) -> Tuple[float, float]:
     low, high = (float(v) for v in value)
     if not (math.isfinite(low) and math.isfinite(high)) or low > high:
@@ -307,10 +312,15 @@ class Augment:
         shift = torch.stack([p["shift_x"], p["shift_y"]], dim=1)
         centre = torch.stack([p["left"] + p["box_w"] / 2, p["top"] + p["box_h"] / 2], dim=1)
         offset = centre - torch.bmm(a, shift[:, :, None])[:, :, 0]
-        to_norm_in = torch.tensor([2.0 / width, 2.0 / height], device=a.device)
-        from_norm_out = torch.tensor([out_w / 2.0, out_h / 2.0], device=a.device)
-        linear = a * to_norm_in[None, :, None] * from_norm_out[None, None, :]
-        return torch.cat([linear, (offset * to_norm_in - 1)[:, :, None]], dim=2)
+        # To normalised coordinates with Python numbers: a small tensor made from a list on a
+        # GPU would be a synchronous copy, the host waiting for every batch.
+        to_norm_in, from_norm_out = (2.0 / width, 2.0 / height), (out_w / 2.0, out_h / 2.0)
+        rows = [a[:, i] * to_norm_in[i] for i in range(2)]
+        linear = torch.stack(
+            [torch.stack([row[:, j] * from_norm_out[j] for j in range(2)], dim=1) for row in rows], dim=1
+        )
+        translation = torch.stack([offset[:, i] * to_norm_in[i] - 1 for i in range(2)], dim=1)
+        return torch.cat([linear, translation[:, :, None]], dim=2)
 
     def apply(
         self,
@@ -331,8 +341,7 @@ class Augment:
             raise ValueError(f"keys must give one record index per image: {len(keys)} keys for {n} images")
         if keys.dtype.is_floating_point or keys.dtype == torch.bool:
             raise TypeError(f"keys must be integer record indices, not {keys.dtype}")
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
+        check_epoch(epoch)
         if (self.contrast or self.saturation) and channels != 3:
             raise ValueError(f"contrast and saturation jitter need RGB images, not {channels} channels")
         if scale is None:
