@@ -137,7 +137,7 @@ def _normalization(
 
 
 class CudaCopies:
-    """The side stream a DeviceLoader queues its host-to-device copies on, one per iteration."""
+    """The side stream a DeviceLoader queues its host-to-device copies on."""
 
     def __init__(self, device: torch.device):
         self.device = (
@@ -150,7 +150,10 @@ class CudaCopies:
         DeviceLoader calls it) without waiting for it. A pageable tensor is first copied into
         pinned memory: its copy would otherwise make the host wait for the stream."""
         if tensor.device.type == "cpu" and not tensor.is_pinned():
-            tensor = tensor.pin_memory()
+            tensor = tensor.pin_memory()  # torch's host allocator keeps it until the copy ran
+        return self.copy(tensor)
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, non_blocking=True)
 
 
@@ -232,6 +235,9 @@ class DeviceLoader:
         self._next = (state.get("epoch", 0), state.get("position", 0))
         self._current: Optional[list] = None
         self.waited = 0.0  # seconds the latest iteration spent blocked on the source
+        # One copy stream for every iteration: the events the dataset's buffer pool records on
+        # it, when it takes buffers back, then follow the copies of earlier iterations too.
+        self._copies: Optional[CudaCopies] = None
         self._times: List[BatchTimes] = []
 
     def __len__(self) -> int:
@@ -269,9 +275,11 @@ class DeviceLoader:
         self._next, self._current = (epoch + 1, 0), [epoch, start, 0]
         self.waited, self._times = 0.0, []
         host = iter(self.source)
+        if self.device.type == "cuda" and self._copies is None:
+            self._copies = CudaCopies(self.device)
         try:
-            if self.device.type == "cuda":
-                yield from self._overlapped(host, epoch, CudaCopies(self.device))
+            if self._copies is not None:
+                yield from self._overlapped(host, epoch, self._copies)
             else:
                 yield from self._one_by_one(host, epoch)
             self._current = None  # ran to its end: the dataset's next epoch comes next
@@ -279,6 +287,11 @@ class DeviceLoader:
             close = getattr(host, "close", None)
             if close is not None:
                 close()
+            if self._copies is not None:
+                # Copies of batches never handed out may still be queued: whatever the loop's
+                # stream does next (an event the dataset records on a buffer it takes back,
+                # too) comes after them. A wait on the GPU, not the host.
+                torch.cuda.current_stream(self._copies.device).wait_stream(self._copies.stream)
 
     def _next_batch(self, host: Iterator):
         started = time.perf_counter()
@@ -347,7 +360,7 @@ class DeviceLoader:
             images.record_stream(compute)
             if rest is not None:
                 for t in rest:
-                    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    if isinstance(t, torch.Tensor):
                         t.record_stream(compute)
             if times is not None:
                 times.started = _timing_event(compute)
