@@ -112,6 +112,31 @@ def test_state_dict_counts_the_batches_handed_out_not_those_copied_ahead(store_p
     assert resumed.state_dict() == {"seed": 5, "epoch": 1, "position": 0}
 
 
+def test_state_dict_is_exact_through_a_dataloader_with_workers(store_path):
+    """The dataset object in the main process cannot see its workers' progress; the loader
+    counts what the loop got, so resuming from its state continues exactly."""
+    store = Store(store_path)
+
+    def make():
+        ds = FastLoadDataset(store, 4, seed=6, return_indices=True)
+        return DeviceLoader(DataLoader(ds, batch_size=None, num_workers=1), "cpu")
+
+    loader = make()
+    loader.set_epoch(2)
+    everything = [indices.tolist() for _, _, indices in loader]
+    loader.set_epoch(2)
+    taken = []
+    for _, _, indices in loader:
+        taken.append(indices.tolist())
+        if len(taken) == 5:
+            break
+    state = loader.state_dict()
+    assert state == {"seed": 6, "epoch": 2, "position": 5}
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert taken + [indices.tolist() for _, _, indices in resumed] == everything
+
+
 def test_leaving_early_closes_the_source(store_path, monkeypatch):
     """A loop that breaks (or raises) closes the dataset's pass at once, which joins its
     threads and hands its buffers back; the next iteration runs whole."""
