@@ -506,3 +506,29 @@ def test_to_device_refuses_numbers_that_would_give_nan_or_inf(kwargs, match):
     """#24: a NaN or infinite mean or std made every output NaN on the float64 path."""
     with pytest.raises(ValueError, match=match):
         to_device(IMAGES, "cpu", **{"dtype": torch.float64, **kwargs})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_on_cuda_the_batches_are_the_cpu_ones(store_path, depth):
+    """On a real GPU: the plain conversion gives the CPU's bits (the same float32 operations),
+    the augmented one the CPU's within rounding; labels and indices arrive; a loop that breaks
+    leaves the next epoch whole; timings() gives every stage."""
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 8, seed=3, return_indices=True)
+    assert ds.pin_memory
+    for options, exact in (({"mean": MEAN, "std": STD}, True), ({"augment": AUGMENT}, False)):
+        loader = DeviceLoader(ds, "cuda", depth=depth, timing=True, **options)
+        for epoch in range(2):
+            for step, (x, labels, indices) in enumerate(loader):
+                assert x.is_cuda and labels.is_cuda and indices.is_cuda
+                expected, expected_labels = expected_batch(store, indices.cpu(), epoch, **options)
+                if exact:
+                    assert torch.equal(x.cpu(), expected)
+                else:
+                    torch.testing.assert_close(x.cpu(), expected, atol=1e-4, rtol=0)
+                assert torch.equal(labels.cpu(), expected_labels)
+                if epoch == 0 and step == 2:
+                    break
+        summary = loader.timings()
+        assert summary["batches"] == len(ds) and {"copy_ms", "gpu_wait_ms", "convert_ms"} <= set(summary)
