@@ -14,6 +14,7 @@ import torch
 from fastload import Augment, Store, StoreError, StoreWriter
 from fastload.augment import save_preview
 from fastload.dataset import FastLoadDataset, split_indices, to_device
+from fastload.device import DeviceLoader
 from fastload.inspect import info, verify
 from fastload.pack import pack
 
@@ -427,6 +428,41 @@ ROWS = [
         RuntimeError,
         "device",
     ),
+    (
+        "to_device(mean=NaN)",
+        lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", mean=float("nan")),
+        ValueError,
+        "mean must be finite",
+    ),
+    (
+        "to_device(std with an infinity)",
+        lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", std=[1, float("inf"), 1]),
+        ValueError,
+        "std must be finite",
+    ),
+    (
+        "to_device(std=-0.2)",
+        lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", std=-0.2),
+        ValueError,
+        "std must be positive",
+    ),
+    (
+        "to_device(float16, std=1e-6)",
+        lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", torch.float16, std=1e-6),
+        ValueError,
+        "range",
+    ),
+    (
+        "to_device(epoch=-1)",
+        lambda f: to_device(torch.zeros((1, 2, 2, 3), dtype=torch.uint8), "cpu", epoch=-1),
+        ValueError,
+        "epoch",
+    ),
+    # DeviceLoader
+    ("DeviceLoader(3, 'cpu')", lambda f: DeviceLoader(3, "cpu"), TypeError, "source"),
+    ("DeviceLoader(depth=0)", lambda f: DeviceLoader([], "cpu", depth=0), ValueError, "depth"),
+    ("DeviceLoader(std=NaN)", lambda f: DeviceLoader([], "cpu", std=float("nan")), ValueError, "std"),
+    ("DeviceLoader(device='gpu0')", lambda f: DeviceLoader([], "gpu0"), ValueError, "device"),
     # pack
     ("pack(None, dest)", lambda f: pack(None, f.new), TypeError, "str or os.PathLike"),
     ("pack(missing folder, dest)", lambda f: pack(f.missing, f.new), FileNotFoundError, "no such folder"),

@@ -24,7 +24,7 @@ import fastload
 import fastload.device
 from fastload import FastLoadDataset, Store, StoreError, StoreWriter, split_indices, to_device
 from fastload.dataset import RankPlan, epoch_order
-from fastload.dataset.buffers import BufferPool
+from fastload.dataset.buffers import COPIES_IN_FLIGHT, BufferPool
 from fastload.dataset.prefetch import Pass
 
 N = 53  # does not divide by the batch sizes or world sizes used here
@@ -640,7 +640,9 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
     assert stream.copied == 2 * len(ds) and stream.overwritten == []
     assert pinned and all(pinned)
     buffers = len(pinned) // 2  # each buffer is an images and a labels tensor
-    assert buffers <= 2 + 1 + 1  # `prefetch` ahead, the user's batch, one whose copy is queued
+    # `prefetch` ahead, the user's batch, and those whose copy is still queued: the pool
+    # allocates rather than wait for a copy while fewer than COPIES_IN_FLIGHT are queued
+    assert buffers <= 2 + 1 + COPIES_IN_FLIGHT
 
 
 def test_ctrl_c_interrupts_a_wait_for_a_batch(store_path):

@@ -23,6 +23,7 @@ from fastload.store import Store, StoreWriter
 _TORCH_EXPORTS = {
     "FastLoadDataset": "dataset",
     "to_device": "device",
+    "DeviceLoader": "device",
     "split_indices": "dataset",
     "Augment": "augment",
     "fit_many": "train",
@@ -47,6 +48,7 @@ __all__ = [
     "__version__",
     "FastLoadDataset",
     "to_device",
+    "DeviceLoader",
     "split_indices",
     "Augment",
     "fit_many",

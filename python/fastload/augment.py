@@ -128,6 +128,13 @@ def _number(value, name: str) -> float:
     return value
 
 
+def check_epoch(epoch) -> int:
+    """`epoch` as a plain int: a NumPy integer would overflow in the hash's 64-bit masking."""
+    if not _whole(epoch) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
+    return int(epoch)
+
+
 def _pair(value, name: str) -> Tuple[float, float]:
     try:
         low, high = value
@@ -368,10 +375,15 @@ class Augment:
         shift = torch.stack([p["shift_x"], p["shift_y"]], dim=1)
         centre = torch.stack([p["left"] + p["box_w"] / 2, p["top"] + p["box_h"] / 2], dim=1)
         offset = centre - torch.bmm(a, shift[:, :, None])[:, :, 0]
-        to_norm_in = torch.tensor([2.0 / width, 2.0 / height], device=a.device)
-        from_norm_out = torch.tensor([out_w / 2.0, out_h / 2.0], device=a.device)
-        linear = a * to_norm_in[None, :, None] * from_norm_out[None, None, :]
-        return torch.cat([linear, (offset * to_norm_in - 1)[:, :, None]], dim=2)
+        # To normalised coordinates with Python numbers: a small tensor made from a list on a
+        # GPU would be a synchronous copy, the host waiting for every batch.
+        to_norm_in, from_norm_out = (2.0 / width, 2.0 / height), (out_w / 2.0, out_h / 2.0)
+        rows = [a[:, i] * to_norm_in[i] for i in range(2)]
+        linear = torch.stack(
+            [torch.stack([row[:, j] * from_norm_out[j] for j in range(2)], dim=1) for row in rows], dim=1
+        )
+        translation = torch.stack([offset[:, i] * to_norm_in[i] - 1 for i in range(2)], dim=1)
+        return torch.cat([linear, translation[:, :, None]], dim=2)
 
     def apply(
         self,
@@ -392,9 +404,7 @@ class Augment:
             raise ValueError(f"keys must give one record index per image: {len(keys)} keys for {n} images")
         if keys.dtype.is_floating_point or keys.dtype == torch.bool:
             raise TypeError(f"keys must be integer record indices, not {keys.dtype}")
-        if not _whole(epoch) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
-        epoch = int(epoch)  # a NumPy integer would overflow in the hash's 64-bit masking
+        epoch = check_epoch(epoch)
         if (self.contrast or self.saturation) and channels != 3:
             raise ValueError(f"contrast and saturation jitter need RGB images, not {channels} channels")
         if scale is None:

@@ -14,6 +14,11 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 
+# Pinned buffers whose GPU copy may still be pending before `take` waits for the oldest instead
+# of allocating another: the host may run this many batches ahead of the copies without waiting
+# (an event recorded when a buffer is let go finishes only after the copies queued before it).
+COPIES_IN_FLIGHT = 4
+
 
 def _use_count(tensor: torch.Tensor) -> int:
     """Tensors (views included, NumPy views of them too) sharing `tensor`'s memory, plus one;
@@ -142,12 +147,18 @@ class BufferPool:
         )
 
     def take(self) -> Buffer:
-        """A buffer free to fill: a reclaimed one, one whose GPU copy is waited for, or a new one."""
+        """A buffer free to fill: a reclaimed one, the oldest whose GPU copy has finished, a
+        new one while fewer than COPIES_IN_FLIGHT copies are pending, else the oldest once its
+        copy has finished (only then does the host wait: it is that far ahead of the GPU)."""
         if not self._free and self._copying:
-            buf = self._copying.popleft()
-            buf.copied.synchronize()
-            buf.copied = None
-            self._free.append(buf)
+            oldest = self._copying[0]
+            if not oldest.copied.query():
+                if len(self._copying) < COPIES_IN_FLIGHT:
+                    return self._allocate()
+                oldest.copied.synchronize()
+            self._copying.popleft()
+            oldest.copied = None
+            self._free.append(oldest)
         # Last freed, first reused: its lines are the likeliest to be still in the CPU cache.
         return self._free.pop() if self._free else self._allocate()
 

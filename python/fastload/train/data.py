@@ -2,11 +2,10 @@
 statistics the model is built from (:class:`TrainingData`), and the stream of device batches
 every trainer of a run consumes (:class:`DataStream`).
 
-Host-to-device overlap: on CUDA, right after the host code of step k has queued its kernels, the
-stream fetches batch k+1 and copies its uint8 bytes on a side stream (``non_blocking`` from the
-dataset's pinned buffers), so the copy runs while the GPU still computes step k; nothing
-synchronizes per step. On CPU it is a plain loop: the dataset's Rust thread already gathers the
-next batches in the background.
+The batches reach the device through :class:`fastload.DeviceLoader`, as in a user's own loop: on
+CUDA their uint8 bytes are copied on a side stream a couple of batches ahead, while the GPU still
+computes the step before, and nothing synchronizes per step; on the CPU it is a plain loop (the
+dataset's Rust thread already gathers the next batches in the background).
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from fastload.augment import Augment
-from fastload.dataset import FastLoadDataset, split_indices, to_device
+from fastload.dataset import FastLoadDataset, split_indices
+from fastload.device import DeviceLoader, to_device
 from fastload.store import PathLike, Store, _fspath
 from fastload.train.checkpoint import check_same_stores, store_fingerprint
 from fastload.train.config import TrainConfig, check_batch_memory
@@ -205,17 +205,21 @@ class DataStream:
         self.val_ds = FastLoadDataset(
             data.val_store, size, shuffle=False, indices=data.val_indices, **loading
         )
-        images = {**data.statistics, "size": config.size}  # what prepare_images reads
         # Augmentation draws from (data seed, epoch, record): the same for every run of a stream.
         # Its crop comes out at the model's size; an empty spec keeps the plain path (and resize).
         augment = None
         if Augment.from_spec(config.augment).active:
             augment = Augment.from_spec(config.augment, size=config.size, seed=config.data_seed)
+        normalized = {"mean": data.statistics["mean"], "std": data.statistics["std"]}
+        self.train_batches = DeviceLoader(
+            _make_loader(self.train_ds, config.workers, device), device, augment=augment, **normalized
+        )
+        self.val_batches = DeviceLoader(
+            _make_loader(self.val_ds, config.workers, device), device, **normalized
+        )
         labels = label_dtype(data.task)
-        self.train_prep = BatchPreparer(device, images, labels, data.train_monotone, augment)
-        self.val_prep = BatchPreparer(device, images, labels, data.val_monotone)
-        self.train_loader = _make_loader(self.train_ds, config.workers, device)
-        self.val_loader = _make_loader(self.val_ds, config.workers, device)
+        self.train_prep = BatchPreparer(device, config.size, labels, data.train_monotone)
+        self.val_prep = BatchPreparer(device, config.size, labels, data.val_monotone)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -232,14 +236,13 @@ class DataStream:
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
         """The training batches of ``epoch`` (from ``position`` on, when resuming mid-epoch),
         the wait for each added to ``meters``."""
-        self.train_ds.set_epoch(epoch)
-        self.train_prep.epoch = epoch
+        self.train_batches.set_epoch(epoch)
         if position is not None:
-            self.train_ds.load_state_dict(position)
-        return _device_batches(self.train_loader, self.train_prep, meters)
+            self.train_batches.load_state_dict(position)
+        return _metered(self.train_batches, self.train_prep, meters)
 
     def validation(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
-        return _device_batches(self.val_loader, self.val_prep, ())
+        return _metered(self.val_batches, self.val_prep, ())
 
 
 def load_monotone_inputs(source: Any, count: int, what: str = "monotone inputs") -> np.ndarray:
@@ -317,74 +320,43 @@ def prepare_images(
     x = to_device(
         images, device, mean=config["mean"], std=config["std"], augment=augment, keys=keys, epoch=epoch
     )
-    size = config["size"]
+    return resized(x, config["size"])
+
+
+def resized(x: torch.Tensor, size: Optional[int]) -> torch.Tensor:
+    """Device images downscaled to ``size`` × ``size`` when set and not already that size."""
     if size and tuple(x.shape[-2:]) != (size, size):
         x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
     return x
 
 
 class BatchPreparer:
-    """Turns a host batch (images, labels, record indices) into device tensors, the labels as
-    ``labels`` (the task's :func:`~fastload.train.task.label_dtype`); the record indices look up
-    the per-record monotone inputs."""
+    """Turns a device batch from :class:`~fastload.DeviceLoader` (images converted and augmented
+    there, labels, record indices) into what the models take: the images at the model's size, the
+    labels as ``labels`` (the task's :func:`~fastload.train.task.label_dtype`) and the per-record
+    monotone inputs, looked up on the device by record index (their table moved there once)."""
 
     def __init__(
-        self,
-        device: torch.device,
-        config: dict,
-        labels: torch.dtype,
-        monotone: Optional[np.ndarray],
-        augment: Optional[Augment] = None,
+        self, device: torch.device, size: Optional[int], labels: torch.dtype, monotone: Optional[np.ndarray]
     ):
-        self.device, self.config, self.monotone, self.augment = device, config, monotone, augment
-        self.labels = labels
-        self.epoch = 0  # the epoch the augmentation draws for (set by DataStream.train_epoch)
+        self.size, self.labels = size, labels
+        self.monotone = None if monotone is None else torch.from_numpy(monotone).to(device)
 
     def __call__(self, batch):
         images, labels, indices = batch
-        x = prepare_images(images, self.config, self.device, self.augment, indices, self.epoch)
-        y = labels.to(self.device, dtype=self.labels, non_blocking=True)
-        m = None
-        if self.monotone is not None:
-            m = torch.from_numpy(self.monotone[indices.numpy()]).to(self.device, non_blocking=True)
-        return x, y, m
+        m = None if self.monotone is None else self.monotone[indices]
+        return resized(images, self.size), labels.to(self.labels), m
 
 
-def _device_batches(loader, prepare: BatchPreparer, meters: Sequence[EpochMeter]):
-    """Yields (x, y, m) already on the device, adding the wait in ``next()`` to each of ``meters``.
-
-    The generator resumes only after the caller's step has queued its work, so on CUDA the
-    next batch's copy (on a side stream) overlaps that step's kernels. The host batch is kept
-    alive until its copy has completed, so the dataset cannot reuse its buffer too early."""
-    device = prepare.device
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-    iterator = iter(loader)
-    in_flight = None  # (host batch, event recorded after its copy)
-    while True:
-        started = time.perf_counter()
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        waited = time.perf_counter() - started
+def _metered(batches: DeviceLoader, prepare: BatchPreparer, meters: Sequence[EpochMeter]):
+    """Yields the prepared device batches, adding the time each waited for the source to each
+    of ``meters``."""
+    counted = 0.0
+    for batch in batches:
+        waited, counted = batches.waited - counted, batches.waited
         for meter in meters:
             meter.wait += waited
-        if stream is None:
-            yield prepare(batch)
-            continue
-        with torch.cuda.stream(stream):
-            tensors = prepare(batch)
-            copied = torch.cuda.Event()
-            copied.record(stream)
-        current = torch.cuda.current_stream(device)
-        current.wait_stream(stream)
-        for t in tensors:
-            if t is not None:
-                t.record_stream(current)
-        if in_flight is not None:
-            in_flight[1].synchronize()
-        in_flight = (batch, copied)
-        yield tensors
+        yield prepare(batch)
 
 
 def _make_loader(dataset: FastLoadDataset, workers: int, device: torch.device):
