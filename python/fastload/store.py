@@ -103,6 +103,9 @@ class Store:
         self.shape: Tuple[int, int, int] = tuple(self._core.shape)  # (H, W, C)
         self.label_dtype = np.dtype(self._core.label_dtype)
         self._len = self._core.count
+        # (device, inode, length, modification time in ns) of the file as opened: equal for two
+        # opens of one file, different once it was replaced or rewritten.
+        self.identity: Tuple[int, int, int, int] = tuple(self._core.identity)
         self._meta: Optional[dict] = None
         self._images: Optional[np.ndarray] = None
         self._labels: Optional[np.ndarray] = None

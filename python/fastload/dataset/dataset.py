@@ -14,10 +14,13 @@ import torch
 from fastload.dataset.buffers import BufferPool
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
 from fastload.dataset.prefetch import Pass
-from fastload.store import PathLike, Store, _fspath, as_indices
+from fastload.store import PathLike, Store, StoreError, _fspath, as_indices
 
 # Slots of the control block shared with DataLoader workers (see `_claim_epoch`).
 _NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = range(5)
+# The epoch counter's range: epochs 0..LAST_EPOCH are iterated, and a state may say LAST_EPOCH + 1
+# (where the counter stands after the last one), so every state it produces loads again.
+LAST_EPOCH = 2**62 - 1
 
 
 class FastLoadDataset(torch.utils.data.IterableDataset):
@@ -89,6 +92,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         else:
             self.path = _fspath(store, "store")
             self._store = Store(self.path)
+        self._identity = self._store.identity
         self._store_pid = os.getpid()
         self._pool: Optional[BufferPool] = None
         self.batch_size = positive_int(batch_size, "batch_size")
@@ -172,8 +176,19 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         return state
 
     def _open(self) -> Store:
+        """This process's handle on the store the dataset was made on. A DataLoader worker
+        opens it by path: a store replaced there since (by rename, the safe way to replace one)
+        is another store, so it is refused rather than read beside the main process's."""
         if self._store is None or self._store.closed or self._store_pid != os.getpid():
-            self._store, self._store_pid = Store(self.path), os.getpid()
+            store = Store(self.path)
+            if store.identity != self._identity:
+                store.close()
+                raise StoreError(
+                    f"{self.path}: the store was replaced or rewritten after this dataset was made, "
+                    "so this process would read another store than the dataset's: make the dataset "
+                    "again to read the new store"
+                )
+            self._store, self._store_pid = store, os.getpid()
             self._pool = None
         return self._store
 
@@ -191,7 +206,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`)."""
         ctl = self._control.numpy()
-        ctl[_NEXT_EPOCH] = positive_int(epoch, "epoch", minimum=0)
+        ctl[_NEXT_EPOCH] = _epoch_number(epoch)
         ctl[_RESUME_EPOCH] = -1
         ctl[_GENERATION] = 0  # no worker generation can mistake the next one for itself
         self._progress = None
@@ -217,7 +232,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         if position > len(self):
             raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")
         self.seed = positive_int(state["seed"], "seed", minimum=0)
-        epoch = positive_int(state["epoch"], "epoch", minimum=0)
+        epoch = _epoch_number(state["epoch"])
         if torch.utils.data.get_worker_info() is not None:
             # A worker restoring its own progress (StatefulDataLoader): the other workers
             # share the control block and restore theirs, so it stays out of it.
@@ -242,17 +257,18 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         ctl = self._control.numpy()
         if worker is not None and self._worker_resume is not None:
             (epoch, start), self._worker_resume = self._worker_resume, None
+            _check_epoch_left(epoch)
             self._iterations += 1
             ctl[_NEXT_EPOCH] = epoch + 1  # every resumed worker writes the same value
             return epoch, start
         if worker is None:
-            epoch = int(ctl[_NEXT_EPOCH])
+            epoch = _check_epoch_left(int(ctl[_NEXT_EPOCH]))
             ctl[_NEXT_EPOCH] = epoch + 1
         else:
             generation = hash((worker.seed - worker.id, self._iterations)) or 1
             self._iterations += 1
             if worker.id == 0:
-                epoch = int(ctl[_NEXT_EPOCH])
+                epoch = _check_epoch_left(int(ctl[_NEXT_EPOCH]))
                 ctl[_GENERATION_EPOCH] = epoch
                 ctl[_GENERATION] = generation
                 ctl[_NEXT_EPOCH] = epoch + 1
@@ -260,6 +276,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 epoch = int(ctl[_NEXT_EPOCH])
                 if ctl[_GENERATION] == generation:
                     epoch = int(ctl[_GENERATION_EPOCH])
+                _check_epoch_left(epoch)
         start = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
         return epoch, start
 
@@ -317,6 +334,24 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 self._progress = None
         finally:
             prefetched.close()
+
+
+def _epoch_number(epoch: Any) -> int:
+    """An epoch a state or `set_epoch` may name: 0..LAST_EPOCH + 1."""
+    if (
+        isinstance(epoch, bool)
+        or not isinstance(epoch, (int, np.integer))
+        or not 0 <= epoch <= LAST_EPOCH + 1
+    ):
+        raise ValueError(f"epoch must be an integer from 0 to 2**62, not {epoch!r}")
+    return int(epoch)
+
+
+def _check_epoch_left(epoch: int) -> int:
+    """`epoch` if it may be iterated, before the counter moves past it."""
+    if epoch > LAST_EPOCH:
+        raise ValueError(f"epoch {epoch} is past the last epoch the dataset counts ({LAST_EPOCH})")
+    return epoch
 
 
 def _warn_if_batched_again(dataset: FastLoadDataset, caller) -> None:
