@@ -203,7 +203,8 @@ def resolve_device(device: Union[str, torch.device]) -> torch.device:
     return resolved
 
 
-def _same_file(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file or folder (by device and inode when both exist)."""
     try:
         return os.path.samefile(a, b)  # by device and inode: symlinks and hard links included
     except OSError:  # one does not exist (yet): the same file only where both lead to one place
@@ -224,7 +225,7 @@ def check_outputs(outputs: dict, inputs: dict) -> None:
             continue
         out = _fspath(out, out_name)
         for name, path in paths.items():
-            if _same_file(out, path):
+            if same_file(out, path):
                 raise ValueError(
                     f"{out_name} {out} is the {name} {path}: training would overwrite it; choose another path"
                 )

@@ -32,7 +32,12 @@ from torch.func import functional_call, grad_and_value, vmap
 from fastload.monotonic import MonotonicRegressor, check_finite_parameters
 from fastload.options import BACKBONES
 from fastload.progress import Progress
-from fastload.train.checkpoint import CHECKPOINT_FORMAT, rng_state, save_atomically, set_rng_state
+from fastload.train.checkpoint import (
+    CHECKPOINT_FORMAT,
+    rng_state,
+    save_group,
+    set_rng_state,
+)
 from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig
 from fastload.train.data import DataStream, EpochMeter, TrainingData
@@ -246,29 +251,24 @@ class Trainer:
         every = self.options.checkpoint_every
         return self.done or bool(every and self.step % every == 0)
 
-    def save(self, epoch: int, position: Optional[dict] = None, meter: Optional[EpochMeter] = None) -> None:
-        """Writes the checkpoint, when the run has one: mid-epoch (with the dataset ``position``
-        and the ``meter``) or at the start of ``epoch``."""
-        path = self.options.checkpoint
-        if path is None:
-            return
-        self.check_finite()
-        save_atomically(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "config": self.config,
-                "stores": self.data.stores,
-                "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "epoch": epoch,
-                "step": self.step,
-                "history": self.history,
-                "partial": None if meter is None else {"dataset": position, "meter": meter.state()},
-                "rng": rng_state(),
-            },
-            path,
-        )
+    def checkpoint_state(
+        self, epoch: int, position: Optional[dict] = None, meter: Optional[EpochMeter] = None
+    ) -> dict:
+        """What the run's checkpoint holds: mid-epoch (with the dataset ``position`` and the
+        ``meter``) or at the start of ``epoch``."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config,
+            "stores": self.data.stores,
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": epoch,
+            "step": self.step,
+            "history": self.history,
+            "partial": None if meter is None else {"dataset": position, "meter": meter.state()},
+            "rng": rng_state(),
+        }
 
     @torch.no_grad()
     def errors(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor]) -> torch.Tensor:
@@ -281,8 +281,8 @@ class Trainer:
     def end_epoch(
         self, epoch: int, meter: EpochMeter, seconds: float, sums: torch.Tensor, count: int
     ) -> dict:
-        """Records (and logs) the metrics of a finished epoch, from the sums of :meth:`errors`
-        over its ``count`` validation records."""
+        """Records the metrics of a finished epoch, from the sums of :meth:`errors` over its
+        ``count`` validation records (:meth:`report` logs them, once the checkpoint is saved)."""
         metrics = {
             **self._label(),
             "epoch": epoch + 1,
@@ -298,12 +298,16 @@ class Trainer:
             **_gpu_metrics(self.device),
         }
         self.history.append(metrics)
+        self.epoch = epoch + 1
+        return metrics
+
+    def report(self, metrics: dict) -> None:
+        """Logs a finished epoch's metrics, and stops the run when ``patience`` says so."""
         if self.options.log is not None:
             self.options.log(metrics)
         patience = self._patience_stop()
-        if patience is not None and epoch + 1 < self.options.epochs:
+        if patience is not None and self.epoch < self.options.epochs:
             self.stop(patience)
-        return metrics
 
     def result(self, completed: bool) -> FitResult:
         return FitResult(
@@ -369,9 +373,8 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = Fa
                     unit.step(x, y, m, meter_of)
                 elif unit.running:
                     _guarded(unit, unit.train_step, x, y, m, meter_of[id(unit)])
-            for t in stepping:
-                if t.stopped is None and t.checkpoint_due():
-                    _guarded(t, t.save, epoch, stream.position(epoch, steps), meter_of[id(t)])
+            due = [t for t in stepping if t.stopped is None and t.checkpoint_due()]
+            _save_checkpoints(epoch, [(t, stream.position(epoch, steps), meter_of[id(t)]) for t in due])
             bar.update(steps, figures)
             if not any(t.running for t in running):
                 break
@@ -509,10 +512,32 @@ def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, Epo
     finally:
         for t, _ in evaluated:
             t.model.train()
-    for total, (t, meter) in zip(sums, evaluated):
-        t.epoch = epoch + 1
-        t.end_epoch(epoch, meter, seconds[id(t)], total, count)
-        _guarded(t, t.save, epoch + 1)
+    metrics = [
+        t.end_epoch(epoch, meter, seconds[id(t)], total, count) for total, (t, meter) in zip(sums, evaluated)
+    ]
+    # The checkpoints first: a log that cannot be written (a full disk) must not lose the epoch.
+    _save_checkpoints(epoch + 1, [(t, None, None) for t, _ in evaluated])
+    for figures, (t, _) in zip(metrics, evaluated):
+        t.report(figures)
+
+
+def _save_checkpoints(
+    epoch: int, due: Sequence[Tuple[Trainer, Optional[dict], Optional[EpochMeter]]]
+) -> None:
+    """Saves the checkpoints of the trainers in ``due`` (each with its dataset position and
+    meter mid-epoch, None at the start of ``epoch``) as one group: all of them or none
+    (:func:`~fastload.train.checkpoint.save_group`), so a group always resumes from one common
+    step. A trainer whose parameters are no longer finite stops instead (a diverged model never
+    overwrites a good checkpoint)."""
+    group = []
+    for t, position, meter in due:
+        if t.options.checkpoint is None:
+            continue
+        _guarded(t, t.check_finite)
+        if t.stopped is None:
+            state = functools.partial(t.checkpoint_state, epoch, position, meter)
+            group.append((t.options.checkpoint, state))
+    save_group(group)
 
 
 def model_state_bytes(model: nn.Module) -> int:
