@@ -1,6 +1,6 @@
-"""Checkpoints that survive a full disk and a crash: a fit_many group saved all or nothing and
-resumed from its last common step, the checkpoint written before the epoch's log, and a full
-disk named with the file."""
+"""Checkpoints that survive a full disk, a crash and a hostile file: a fit_many group saved all
+or nothing and resumed from its last common step, the checkpoint written before the epoch's log,
+a full disk named with the file, and every part of a loaded checkpoint checked."""
 
 from __future__ import annotations
 
@@ -198,3 +198,121 @@ def test_a_full_disk_during_torch_save_names_the_checkpoint(store_path, tmp_path
         == f"fastload train: error: [Errno 28] cannot write the checkpoint {checkpoint}: No space left on device"
     )
     assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"] and _digest(checkpoint) == before
+
+
+# ---------------------------------------------------------------- hostile checkpoints
+
+
+@pytest.fixture(scope="module")
+def saved_mid_epoch(store_path, tmp_path_factory):
+    """A real checkpoint two steps into epoch 2 (epoch 1, step 7, a partial epoch)."""
+    path = tmp_path_factory.mktemp("hostile") / "real.ckpt"
+    fit(store_path, checkpoint=path, max_steps=7, **SHARED)
+    return path
+
+
+def _set(key, value):
+    return lambda c: c.__setitem__(key, value)
+
+
+def _first_model_key(c):
+    return next(iter(c["model"]))
+
+
+HOSTILE = {
+    "no config": (lambda c: c.pop("config"), "it has no config"),
+    "config not a dict": (_set("config", [1, 2]), "its config is a list, not a dict"),
+    "no model": (lambda c: c.pop("model"), "it has no model"),
+    "a model key missing": (lambda c: c["model"].pop(_first_model_key(c)), "model: it has no "),
+    "a model key too many": (lambda c: c["model"].update(extra=torch.zeros(1)), "model: extra is no part"),
+    "a parameter of another shape": (
+        lambda c: c["model"].update({_first_model_key(c): torch.zeros(3)}),
+        r"model: .* has shape \(3,\), the model's",
+    ),
+    "epoch 10**30": (_set("epoch", 10**30), "epoch 10{30} disagrees with its history of 1 epochs"),
+    "epoch -1": (_set("epoch", -1), "epoch -1 is not a count"),
+    "step -100": (_set("step", -100), "step -100 is not a count"),
+    "step 1000": (_set("step", 1000), "step 1000 is not where 1 epochs of 5 steps and 2 more end"),
+    "step a string": (_set("step", "7"), "step '7' is not a count"),
+    "history of another epoch": (lambda c: c["history"][0].update(epoch=5), "history entry 0 is not"),
+    "history without the validation figure": (
+        lambda c: c["history"][0].pop("val_rmse"),
+        "history entry 0 is not",
+    ),
+    "partial epoch moved": (
+        lambda c: c["partial"]["dataset"].update(position=4),
+        "its partial epoch .* is not the epoch after",
+    ),
+    "partial epoch of another seed": (
+        lambda c: c["partial"]["dataset"].update(seed=99),
+        "its dataset position has seed 99, its config data_seed 0",
+    ),
+    "partial meter not numbers": (
+        lambda c: c["partial"]["meter"].update(samples="x"),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "torch random state of another size": (
+        lambda c: c["rng"].update(torch=torch.zeros(10, dtype=torch.uint8)),
+        "its torch random state is not 5056 bytes",
+    ),
+    "NumPy random state cut": (
+        lambda c: c["rng"]["numpy"].__setitem__(1, torch.zeros(3, dtype=torch.int64)),
+        "its NumPy random state is not",
+    ),
+    "Python random state cut": (lambda c: c["rng"].update(python=[0] * 10), "its Python random state is not"),
+    "no random states": (lambda c: c.pop("rng"), "it has no rng"),
+    "optimizer moment of another shape": (
+        lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(2)),
+        r"optimizer: exp_avg has shape \(2,\)",
+    ),
+    "optimizer without its groups": (lambda c: c["optimizer"].pop("param_groups"), "optimizer: "),
+    "scaler not a dict": (_set("scaler", []), "its scaler is a list"),
+    "stores without fingerprints": (
+        lambda c: c["stores"].update(store={"path": 1}),
+        "its stores are not a path and a fingerprint",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_checkpoint_is_refused_naming_what_is_wrong(case, store_path, saved_mid_epoch, tmp_path):
+    edit, message = HOSTILE[case]
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    edit(checkpoint)
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(checkpoint, hostile)
+    with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
+        fit(store_path, resume=hostile, max_steps=9, **SHARED)
+
+
+def test_the_unedited_checkpoint_resumes(store_path, saved_mid_epoch):
+    assert fit(store_path, resume=saved_mid_epoch, max_steps=9, **SHARED).steps == 9
+
+
+def test_cli_names_a_hostile_checkpoint_without_a_traceback(store_path, saved_mid_epoch, tmp_path, capsys):
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    checkpoint.pop("config")
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(checkpoint, hostile)
+    argv = [
+        "train",
+        os.fspath(store_path),
+        "--device",
+        "cpu",
+        "--batch-size",
+        "8",
+        "--resume",
+        os.fspath(hostile),
+    ]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.strip() == f"fastload train: error: not a valid fastload checkpoint: {hostile}: it has no config"
+    )
+
+
+def test_resuming_a_run_past_its_epochs_is_refused(store_path, tmp_path):
+    checkpoint = tmp_path / "done.ckpt"
+    fit(store_path, checkpoint=checkpoint, **SHARED)  # 2 epochs finished
+    with pytest.raises(ValueError, match="has finished 2 epochs, more than the 1 of this run"):
+        fit(store_path, resume=checkpoint, **{**SHARED, "epochs": 1})

@@ -1,5 +1,5 @@
 """Training checkpoints: written atomically (a locked temporary file beside the checkpoint, fsync,
-``os.replace``; a ``fit_many`` group's all together), read back, and tied to the
+``os.replace``; a ``fit_many`` group's all together), read back and checked, and tied to the
 stores they were trained on by a fingerprint; the random generators' states they carry so a
 resumed run draws what the stopped run would have."""
 
@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import math
 import os
 import random
 import struct
 import warnings
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from fastload.atomic import check_writable, previous_path, write_together
 from fastload.store import PathLike, Store, _fspath
-from fastload.train.task import REGRESSION
+from fastload.train.task import PATIENCE_FIGURES, REGRESSION
 
 CHECKPOINT_FORMAT = "fastload-train-checkpoint-1"
 HEADER_SIZE = 4096  # docs/FORMAT.md: the header page, ending with its own checksum
@@ -80,10 +81,17 @@ def check_same_stores(resume: str, saved: dict, stores: dict) -> None:
             )
 
 
+def invalid_checkpoint(path: str, what: str) -> ValueError:
+    """The error for a checkpoint whose contents are not what fastload writes."""
+    return ValueError(f"not a valid fastload checkpoint: {path}: {what}")
+
+
 def load_checkpoint(path: PathLike) -> dict:
-    """The checkpoint at ``path``, its config completed as a current one reads: a config without
-    a ``task`` (written before classification existed, when every run was a regression) gets
-    ``"task": "regression"``, so it resumes as the run it was."""
+    """The checkpoint at ``path``, its structure checked (ValueError "not a valid fastload
+    checkpoint: PATH: what is wrong"), its config completed as a current one reads: a config
+    without a ``task`` (written before classification existed, when every run was a regression)
+    gets ``"task": "regression"``, so it resumes as the run it was. What the checkpoint must
+    match of the run resuming it (its model's parameters, its steps per epoch) the trainer checks."""
     path = _fspath(path, "resume")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -93,8 +101,144 @@ def load_checkpoint(path: PathLike) -> dict:
         raise ValueError(f"{path}: not a readable fastload training checkpoint ({exc})") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a fastload training checkpoint ({CHECKPOINT_FORMAT})")
+    problem = _structure_problem(checkpoint)
+    if problem is not None:
+        raise invalid_checkpoint(path, problem)
     checkpoint["config"] = {"task": REGRESSION, **checkpoint["config"]}
     return checkpoint
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _structure_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the parts of a checkpoint that are read before the model is built
+    (its types, counts and random states), or None."""
+    for key, kind in (
+        ("config", dict),
+        ("model", dict),
+        ("optimizer", dict),
+        ("scaler", dict),
+        ("history", list),
+        ("rng", dict),
+    ):
+        if key not in checkpoint:
+            return f"it has no {key}"
+        if not isinstance(checkpoint[key], kind):
+            return f"its {key} is a {type(checkpoint[key]).__name__}, not a {kind.__name__}"
+    config, epoch, step = checkpoint["config"], checkpoint.get("epoch"), checkpoint.get("step")
+    if not all(isinstance(name, str) for name in config):
+        return "its config has keys that are not names"
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["model"].items()):
+        return "its model holds something other than named tensors"
+    for name, value in (("epoch", epoch), ("step", step)):
+        if not _is_count(value):
+            return f"{name} {value!r} is not a count (a whole number >= 0)"
+    history = checkpoint["history"]
+    if len(history) != epoch:
+        return f"epoch {epoch} disagrees with its history of {len(history)} epochs"
+    task = config.get("task", REGRESSION)
+    if task not in PATIENCE_FIGURES:
+        return f"its task {task!r} is none of {', '.join(PATIENCE_FIGURES)}"
+    figure = PATIENCE_FIGURES[task][0]
+    for i, metrics in enumerate(history):
+        if not (isinstance(metrics, dict) and metrics.get("epoch") == i + 1 and figure in metrics):
+            return f"history entry {i} is not the metrics of epoch {i + 1}"
+    return _stores_problem(checkpoint) or _partial_problem(checkpoint) or _rng_problem(checkpoint["rng"])
+
+
+def _stores_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the fingerprints of the stores a checkpoint was trained on, or None."""
+    if "stores" not in checkpoint:
+        return None  # written before fingerprints were recorded
+    stores = checkpoint["stores"]
+
+    def fingerprinted(store: Any) -> bool:
+        return isinstance(store, dict) and all(isinstance(store.get(k), str) for k in ("path", "fingerprint"))
+
+    if not isinstance(stores, dict) or set(stores) != {"store", "validation store"}:
+        return "its stores are not the store and the validation store"
+    if not fingerprinted(stores["store"]) or not (
+        stores["validation store"] is None or fingerprinted(stores["validation store"])
+    ):
+        return "its stores are not a path and a fingerprint each"
+    return None
+
+
+def _partial_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the position of a checkpoint written mid-epoch, or None."""
+    if "partial" not in checkpoint:
+        return "it has no partial"
+    partial = checkpoint["partial"]
+    if partial is None:
+        return None  # written at the end of an epoch
+    if (
+        not isinstance(partial, dict)
+        or not isinstance(partial.get("dataset"), dict)
+        or not isinstance(partial.get("meter"), dict)
+    ):
+        return "its partial epoch is not a dataset position and a meter"
+    dataset, meter = partial["dataset"], partial["meter"]
+    if not all(_is_count(dataset.get(key)) for key in ("seed", "epoch", "position")):
+        return f"its dataset position {dataset!r} is not three counts (seed, epoch, position)"
+    counts = all(_is_count(meter.get(key)) for key in ("samples", "steps"))
+    times = all(_is_seconds(meter.get(key)) for key in ("wait", "seconds"))
+    if not (counts and times and isinstance(meter.get("loss_sum"), float)):
+        return f"its partial epoch's meter {meter!r} is not counts, a loss sum and times"
+    if dataset["epoch"] != checkpoint["epoch"] or dataset["position"] != meter["steps"]:
+        return (
+            f"its partial epoch (epoch {dataset['epoch']}, batch {dataset['position']}, {meter['steps']} steps) "
+            f"is not the epoch after its {checkpoint['epoch']} finished ones"
+        )
+    data_seed = checkpoint["config"].get("data_seed", dataset["seed"])
+    if dataset["seed"] != data_seed:
+        return f"its dataset position has seed {dataset['seed']}, its config data_seed {data_seed}"
+    return None
+
+
+def _rng_problem(state: dict) -> Optional[str]:
+    """What is wrong with the random generators' states (as :func:`rng_state` writes them), or None."""
+    torch_state = state.get("torch")
+    expected = torch.get_rng_state()
+    if not (
+        isinstance(torch_state, torch.Tensor)
+        and torch_state.dtype == torch.uint8
+        and torch_state.shape == expected.shape
+    ):
+        return f"its torch random state is not {expected.numel()} bytes"
+    cuda = state.get("cuda")
+    if not (
+        isinstance(cuda, list) and all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8 for s in cuda)
+    ):
+        return "its CUDA random states are not a list of byte tensors"
+    numpy_state = state.get("numpy")
+    if not (
+        isinstance(numpy_state, list)
+        and len(numpy_state) == 5
+        and numpy_state[0] == "MT19937"
+        and isinstance(numpy_state[1], torch.Tensor)
+        and numpy_state[1].shape == (624,)
+        and isinstance(numpy_state[2], int)
+        and 0 <= numpy_state[2] <= 624
+        and isinstance(numpy_state[3], int)
+        and isinstance(numpy_state[4], float)
+    ):
+        return "its NumPy random state is not an MT19937 state"
+    python_state = state.get("python")
+    if not (
+        isinstance(python_state, list)
+        and len(python_state) == 626
+        and all(isinstance(w, int) and 0 <= w < 2**32 for w in python_state[:625])
+        and python_state[624] <= 624
+        and (python_state[625] is None or isinstance(python_state[625], float))
+    ):
+        return "its Python random state is not a Mersenne Twister state"
+    return None
 
 
 def position(checkpoint: dict) -> tuple:

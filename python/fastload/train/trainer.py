@@ -34,6 +34,7 @@ from fastload.options import BACKBONES
 from fastload.progress import Progress
 from fastload.train.checkpoint import (
     CHECKPOINT_FORMAT,
+    invalid_checkpoint,
     rng_state,
     save_group,
     set_rng_state,
@@ -142,14 +143,45 @@ class Trainer:
         self.diverged: Optional[Diverged] = None
         self.state_bytes = model_state_bytes(self.model)
         if saved is not None:
-            self.model.load_state_dict(saved["model"])
-            self.optimizer.load_state_dict(saved["optimizer"])
-            self.scaler.load_state_dict(saved["scaler"])
-            self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
-            self.history = list(saved["history"])
-            set_rng_state(saved["rng"])
+            self._resume(saved, steps_per_epoch)
         if self.epoch < config.epochs:
             self.stopped = self._patience_stop()
+
+    def _resume(self, saved: dict, steps_per_epoch: int) -> None:
+        """Continues from the checkpoint ``saved`` (its structure checked by load_checkpoint),
+        after checking it against this run: its parameters against the model's, its optimizer
+        state against the parameters, its step against its epochs of ``steps_per_epoch`` steps."""
+        path = self.options.resume
+        problem = _state_problem(self.model.state_dict(), saved["model"])
+        if problem is not None:
+            raise invalid_checkpoint(path, f"model: {problem}")
+        within = saved["partial"]["meter"]["steps"] if saved["partial"] else 0
+        if saved["step"] != saved["epoch"] * steps_per_epoch + within:
+            raise invalid_checkpoint(
+                path,
+                f"step {saved['step']} is not where {saved['epoch']} epochs of {steps_per_epoch} steps "
+                f"and {within} more end",
+            )
+        if saved["epoch"] > self.options.epochs:
+            raise ValueError(
+                f"resume {path}: the checkpoint has finished {saved['epoch']} epochs, more than the "
+                f"{self.options.epochs} of this run; resume with epochs {saved['epoch']} or more"
+            )
+        self.model.load_state_dict(saved["model"])
+        for part, target in (("optimizer", self.optimizer), ("scaler", self.scaler)):
+            try:
+                target.load_state_dict(saved[part])
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:
+                raise invalid_checkpoint(path, f"{part}: {exc}") from None
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                for name, value in self.optimizer.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                        shapes = f"{tuple(value.shape)}, its parameter {tuple(p.shape)}"
+                        raise invalid_checkpoint(path, f"optimizer: {name} has shape {shapes}")
+        self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
+        self.history = list(saved["history"])
+        set_rng_state(saved["rng"])
 
     @staticmethod
     def model_config(config: TrainConfig, data: TrainingData) -> dict:
@@ -538,6 +570,21 @@ def _save_checkpoints(
             state = functools.partial(t.checkpoint_state, epoch, position, meter)
             group.append((t.options.checkpoint, state))
     save_group(group)
+
+
+def _state_problem(expected: dict, state: dict) -> Optional[str]:
+    """How a saved ``state`` (name -> tensor) differs from the model's own ``expected``: a
+    missing or unexpected name, or another shape; None when it fits."""
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        return f"it has no {missing[0]}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        return f"{unexpected[0]} is no part of the model"
+    for name, tensor in expected.items():
+        if state[name].shape != tensor.shape:
+            return f"{name} has shape {tuple(state[name].shape)}, the model's {tuple(tensor.shape)}"
+    return None
 
 
 def model_state_bytes(model: nn.Module) -> int:
