@@ -117,8 +117,10 @@ def fit_many(
     the others. A run whose
     parameters stop being finite, or whose validation RMSE (cross-entropy when classifying) has
     not improved for ``patience`` epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
-    is a folder: one checkpoint ``<name>.ckpt`` per run; ``resume`` is such a folder, every run's
-    checkpoint at the same dataset position. Refused before any training (ValueError): a bad
+    is a folder: one checkpoint ``<name>.ckpt`` per run, the runs due at a save point saved
+    together, all or nothing; ``resume`` is such a folder, every run resuming from the same
+    dataset position (after a save interrupted among its renames, the last one all runs saved:
+    docs/RELIABILITY.md, "Group checkpoints"). Refused before any training (ValueError): a bad
     option (named with its run), duplicate or unsafe names, and runs whose parameters and
     optimizer state (``FitResult.state_bytes``) do not fit the device's memory together.
     """
