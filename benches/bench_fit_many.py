@@ -388,7 +388,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(line)
     if args.json:
         results = {
-            "args": {k: v for k, v in vars(args).items()},
+            "args": vars(args),
             "machine": machine(args.device),
             "rows": rows,
         }

@@ -150,7 +150,7 @@ def test_device_check_summary_names_failed_tests_and_steps_cut_short(tmp_path):
     assert any("skipped for want of CUDA" in p and "test_cuda_four" in p for p in problems)
 
 
-@pytest.mark.slow  # ~4 minutes on 2 busy cores
+@pytest.mark.slow  # ~8 minutes on 2 busy cores
 def test_device_check_dry_run_on_cpu_writes_every_figure(tmp_path):
     out = tmp_path / "out"
     env = {"DEVICE": "cpu", "BUDGET": "540", "STEPS": ",".join(DRY_RUN_STEPS)}
