@@ -53,7 +53,7 @@ if [[ "$DEVICE" == cuda ]]; then
     FILL_GPU_GB="${FILL_GPU_GB:-8}"
     FILL_COUNTS=1,2,4,8
     TRAIN_SIZE="--epochs 3 --max-steps 40" # a string: the train_bf16 function gets it exported
-else # the dry run: the same steps at sizes two busy cores run in seconds
+else # the dry run: the same steps at sizes two busy cores run in about 7 minutes
     FIT_MANY_SIZE=(--counts 2 --records 256 --side 16 --epochs 1 --batch-size 64)
     BENCH_SIZE=(--quick)
     FILL_GPU_GB="${FILL_GPU_GB:-0.02}"
