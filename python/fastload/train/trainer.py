@@ -130,7 +130,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = build_model(self.config, backbone).to(self.device)
         if self.device.type == "cuda":
-            self.model = self.model.to(memory_format=torch.channels_last)
+            channels_last_convolutions(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
@@ -585,6 +585,18 @@ def _state_problem(expected: dict, state: dict) -> Optional[str]:
         if state[name].shape != tensor.shape:
             return f"{name} has shape {tuple(state[name].shape)}, the model's {tuple(tensor.shape)}"
     return None
+
+
+def channels_last_convolutions(model: nn.Module) -> nn.Module:
+    """Stores the weights of ``model``'s 2-d convolutions channels_last, the layout of the
+    batches to_device hands it (cuDNN's fast path for NHWC images), in place. Only those:
+    ``model.to(memory_format=torch.channels_last)`` also reorders every other 4-d tensor and
+    refuses 5-d ones, such as the vertices of a lattice of rank 4 (the default model's
+    LatticeEnsemble: num_lattices x 3 x 3 x 3 x 3), which failed every CUDA run (#25)."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+    return model
 
 
 def model_state_bytes(model: nn.Module) -> int:
