@@ -3,6 +3,7 @@ bad input, determinism, interruption and exit codes. Fixtures are tiny images ma
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import struct
@@ -319,6 +320,10 @@ def bad_folder(root: Path) -> dict:
     }
 
 
+#: What `strict` does not refuse: files left out by rule.
+SKIPPED_BY_RULE = {"c/.hidden.jpg"}
+
+
 def partials(folder: Path) -> list:
     return [p.name for p in folder.iterdir() if p.name.endswith(".fastload-partial")]
 
@@ -337,12 +342,67 @@ def test_bad_files_are_skipped_with_their_reason(tmp_path):
 
 
 def test_strict_names_every_bad_file_and_writes_nothing(tmp_path):
-    expected = bad_folder(tmp_path / "src")
+    expected = set(bad_folder(tmp_path / "src")) - SKIPPED_BY_RULE
     with pytest.raises(BadFilesError) as err:
         fastload.pack(tmp_path / "src", tmp_path / "s.fl", 16, strict=True)
     assert sorted(name for name, _ in err.value.files) == sorted(expected)
     assert all(name in str(err.value) for name in expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def damaged_jpeg(path: Path, flips: int = 24) -> None:
+    """A photo-like JPEG with `flips` bytes of its entropy-coded data (after the start-of-scan
+    header, from the middle of the scan on) changed; 0xFF bytes and their neighbours are left
+    alone, so no marker is made or unmade: libjpeg decodes it with warnings."""
+    buffer = io.BytesIO()
+    Image.fromarray(gradient(192, 256)).save(buffer, "JPEG", quality=90)
+    data = bytearray(buffer.getvalue())
+    sos = data.index(b"\xff\xda")
+    scan = sos + 2 + struct.unpack(">H", data[sos + 2 : sos + 4])[0]
+    at, changed = scan + (len(data) - 2 - scan) // 2, 0
+    while changed < flips:
+        flipped = data[at] ^ 0x5A
+        if 0xFF not in (data[at], data[at - 1], flipped):
+            data[at] = flipped
+            changed += 1
+        at += 7
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_jpeg_is_packed_and_listed_with_its_decoder_warnings(tmp_path):
+    src = photo_folder(tmp_path / "src", ["c/clean.jpg", "c/z.png"], size=64)
+    damaged_jpeg(src / "c" / "flipped.jpg")
+    report = fastload.pack(src, tmp_path / "s.fl", 16)
+    assert report.records == 3 and report.skipped == []
+    assert [name for name, _ in report.decode_warnings] == ["c/flipped.jpg"]
+    warnings = report.decode_warnings[0][1]
+    assert warnings and all("Corrupt JPEG data" in w or "Premature end" in w for w in warnings), warnings
+    text = str(report)
+    assert "decoded with warnings: 1 damaged image(s)" in text and "c/flipped.jpg: Corrupt JPEG data" in text
+    store = fastload.Store(report.path)
+    assert store.meta["sources"] == ["c/clean.jpg", "c/flipped.jpg", "c/z.png"]
+    assert store.meta["decode_warnings"] == [{"file": "c/flipped.jpg", "record": 1, "warnings": warnings}]
+
+
+def test_strict_refuses_a_damaged_jpeg_but_not_files_skipped_by_rule(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["c/clean.jpg", "d/other.jpg"], size=64)
+    (src / "c" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (src / ".hidden").mkdir()
+    (src / ".hidden" / "x.jpg").write_bytes(b"not read")
+    report = fastload.pack(src, tmp_path / "clean.fl", 16, strict=True)
+    assert report.records == 2 and report.decode_warnings == []
+    assert sorted(report.skipped) == [(".hidden", "hidden folder"), ("c/.DS_Store", "hidden file")]
+
+    damaged_jpeg(src / "c" / "flipped.jpg")
+    with pytest.raises(BadFilesError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 16, strict=True)
+    assert [name for name, _ in err.value.files] == ["c/flipped.jpg"]
+    assert "c/flipped.jpg: decoded with warnings: Corrupt JPEG data" in str(err.value)
+    assert not (tmp_path / "s.fl").exists()
+    assert cli_main(["pack", str(src), str(tmp_path / "s.fl"), "--size", "16", "--strict", "--quiet"]) == 1
+    assert "c/flipped.jpg: decoded with warnings" in capsys.readouterr().err
+    assert not (tmp_path / "s.fl").exists()
 
 
 def test_csv_problems_are_reported_with_line_numbers(tmp_path):

@@ -6,7 +6,8 @@ thread appends the previous chunk to the store from the other.
 Decoding choices (format sniffed from the bytes, EXIF orientation applied, alpha on
 white, Lanczos3 antialiased resampling like Pillow's `Image.LANCZOS`, a 100-megapixel /
 1 GiB limit against decompression bombs, one decode-memory budget shared by all threads,
-named pipes and devices refused without blocking) are documented in `rust/pack.rs`.
+named pipes and devices refused without blocking, libjpeg's warnings about damaged data kept)
+are documented in `rust/pack.rs`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class PackReport:
     records: int
     shape: Tuple[int, int, int]
     skipped: List[Tuple[str, str]] = field(default_factory=list)
+    #: (file, libjpeg's warnings) of the images packed although damaged (`strict` refuses them)
+    decode_warnings: List[Tuple[str, List[str]]] = field(default_factory=list)
     seconds: float = 0.0
     files_read: int = 0
     source_bytes: int = 0
@@ -96,6 +99,12 @@ class PackReport:
                 f"skipped {len(self.skipped):,} file(s) (all listed in the store's meta['skipped']):"
             )
             lines.append(_listed(_named(self.skipped), limit=50)[1:])
+        if self.decode_warnings:
+            lines.append(
+                f"decoded with warnings: {len(self.decode_warnings):,} damaged image(s), packed as decoded "
+                "(listed in the store's meta['decode_warnings']; --strict / strict=True refuses them):"
+            )
+            lines.append(_listed(_named([(n, "; ".join(w)) for n, w in self.decode_warnings]), limit=50)[1:])
         return "\n".join(lines)
 
 
@@ -103,8 +112,12 @@ class PackReport:
 UNLABELLED_SKIPPED = "no label (skipped by request)"
 #: Reason recorded for CSV rows naming no file, left out by `skip_missing`: a choice too.
 MISSING_SKIPPED = "in the labels CSV, but no such file (skipped by request)"
-#: What `strict` does not count as a bad file.
-CHOSEN_SKIPS = (UNLABELLED_SKIPPED, MISSING_SKIPPED)
+#: Reasons of files left out by rule, never read: hidden ones (`.DS_Store`), and files that are
+#: neither labelled nor named like an image (a README beside the images of a labels CSV).
+HIDDEN_FILE, HIDDEN_FOLDER = "hidden file", "hidden folder"
+NOT_AN_IMAGE_FILE = "not an image file (no label, no image extension)"
+#: What `strict` does not count as a bad file: choices and rules, not images that cannot be trusted.
+CHOSEN_SKIPS = (UNLABELLED_SKIPPED, MISSING_SKIPPED, HIDDEN_FILE, HIDDEN_FOLDER, NOT_AN_IMAGE_FILE)
 
 
 def _megabytes(n: int) -> str:
@@ -125,6 +138,11 @@ def _printable(name: str) -> str:
 def _named(problems: Sequence[Tuple[str, str]]) -> List[str]:
     """`file: reason` lines, the names made printable."""
     return [f"{_printable(name)}: {reason}" for name, reason in problems]
+
+
+def _warned(decode_warnings: Sequence[Tuple[str, List[str]]]) -> List[Tuple[str, str]]:
+    """(file, "decoded with warnings: ...") of each image libjpeg warned about."""
+    return [(name, "decoded with warnings: " + "; ".join(warnings)) for name, warnings in decode_warnings]
 
 
 def _listed(problems: Sequence[str], limit: Optional[int] = MAX_LISTED) -> str:
@@ -178,7 +196,7 @@ def _walk(
                 continue
             refusal = entry.is_symlink() and _link_refusal(entry.path, real_src, follow_symlinks)
             if entry.name.startswith("."):
-                skipped.append((rel, f"hidden {'folder' if is_dir else 'file'}"))
+                skipped.append((rel, HIDDEN_FOLDER if is_dir else HIDDEN_FILE))
             elif refusal:
                 skipped.append((rel, refusal))
             elif is_dir:
@@ -385,7 +403,7 @@ def _split_unlabelled(
             unlabelled.append(f)
             left_out.append((f, UNLABELLED_SKIPPED))
         else:
-            left_out.append((f, "not an image file (no label, no image extension)"))
+            left_out.append((f, NOT_AN_IMAGE_FILE))
     if unlabelled and not skip_unlabelled:
         raise ValueError(
             f"{len(unlabelled)} image(s) have no label: {hint}. Label them, or pass "
@@ -478,8 +496,13 @@ def pack(
 
     Files that cannot be packed (not images, corrupt, truncated, hidden, not regular
     files, ...) are skipped and listed with their reason in the report and in
-    `meta["skipped"]`; with `strict`, any such file makes the pack fail (BadFilesError)
-    naming them all. Names are printed with control characters escaped. Symbolic links
+    `meta["skipped"]`. JPEGs that decode with libjpeg warnings (damaged entropy-coded data:
+    "corrupt JPEG data", "premature end", "bad Huffman code") are packed as decoded and
+    listed with the warnings in the report and in `meta["decode_warnings"]`. With `strict`,
+    any file that cannot be packed or decodes with warnings makes the pack fail
+    (BadFilesError) naming them all; files left out by rule or by request (hidden files
+    such as `.DS_Store`, unlabelled non-image files, `skip_unlabelled`, `skip_missing`)
+    do not. Names are printed with control characters escaped. Symbolic links
     into `src` are followed; links out of it are skipped unless `follow_symlinks`, and a
     link to a folder that contains `src` (such as `/`) is never followed.
 
@@ -561,6 +584,7 @@ def pack(
     }
     sources: List[str] = []
     failed: List[Tuple[str, str]] = []
+    warned: List[Tuple[str, int, List[str]]] = []  # (file, record, warnings)
     source_bytes = 0
     bar = Progress(not quiet and sys.stderr.isatty(), len(todo), desc="packing", unit=" files")
     try:
@@ -570,11 +594,16 @@ def pack(
                 for k, start in enumerate(range(0, len(todo), chunk)):
                     names, buffer = todo[start : start + chunk], buffers[k % 2]
                     outcomes = decoder.decode_into([str(src / n) for n in names], buffer)
-                    ok = [i for i, (_, reason) in enumerate(outcomes) if reason is None]
+                    ok = [i for i, (_, reason, _) in enumerate(outcomes) if reason is None]
                     failed += [
-                        (names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None
+                        (names[i], reason) for i, (_, reason, _) in enumerate(outcomes) if reason is not None
                     ]
-                    source_bytes += sum(read for read, _ in outcomes)
+                    warned += [
+                        (names[i], len(sources) + j, outcomes[i][2])
+                        for j, i in enumerate(ok)
+                        if outcomes[i][2]
+                    ]
+                    source_bytes += sum(read for read, _, _ in outcomes)
                     images = buffer[: len(names)] if len(ok) == len(names) else buffer[ok]
                     if writing is not None:
                         writing.result()  # the previous chunk is written: its buffer is free
@@ -589,7 +618,8 @@ def pack(
                 if writing is not None:
                     writing.result()
             skipped = sorted(skipped + failed)
-            bad = [s for s in skipped if s[1] not in CHOSEN_SKIPS]
+            damaged = [(name, warnings) for name, _, warnings in warned]
+            bad = sorted([s for s in skipped if s[1] not in CHOSEN_SKIPS] + _warned(damaged))
             if strict and bad:
                 raise BadFilesError(
                     f"{len(bad)} file(s) in {src} cannot be packed (strict): nothing was written:"
@@ -602,6 +632,9 @@ def pack(
                 )
             writer.meta["sources"] = sources
             writer.meta["skipped"] = [{"file": _display(n), "reason": r} for n, r in skipped]
+            writer.meta["decode_warnings"] = [
+                {"file": _display(n), "record": i, "warnings": w} for n, i, w in warned
+            ]
     finally:
         bar.close()
     return PackReport(
@@ -609,6 +642,7 @@ def pack(
         records=len(sources),
         shape=(height, width, 3),
         skipped=[(_display(n), r) for n, r in skipped],
+        decode_warnings=[(_display(n), w) for n, _, w in warned],
         seconds=time.perf_counter() - started,
         files_read=len(todo),
         source_bytes=source_bytes,
