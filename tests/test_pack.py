@@ -450,6 +450,69 @@ def test_no_labels_at_all_explains_both_ways(tmp_path):
     assert "labels" in str(err.value) and "subfolder per class" in str(err.value)
 
 
+def test_a_flat_folder_packs_without_labels_and_says_so(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["b.png", "a.jpg", "sub/c.png"])
+    (src / "notes.txt").write_text("not an image")
+    report = fastload.pack(src, tmp_path / "s.fl", 8, no_labels=True, strict=True)
+    assert report.records == 3 and report.skipped == [
+        ("notes.txt", "not an image file (no label, no image extension)")
+    ]
+    store = fastload.Store(report.path)
+    assert store.meta["sources"] == ["a.jpg", "b.png", "sub/c.png"] and store.labels.tolist() == [0, 0, 0]
+    assert store.meta["labels"] == "none" and store.meta["pack"]["labels"] == "none" and not store.labelled
+    assert "class_names" not in store.meta
+    floats = fastload.Store(
+        fastload.pack(src, tmp_path / "f.fl", 8, no_labels=True, label_dtype="float64").path
+    )
+    assert np.isnan(floats.labels).all() and not floats.labelled
+    summary = fastload.inspect.info(store.path)
+    assert summary["labelled"] is False and summary["labels"] == {}
+    assert cli_main(["info", str(store.path)]) == 0
+    assert "3 images of 8x8x3 uint8, no labels (packed with --no-labels)" in capsys.readouterr().out
+    assert cli_main(["pack", str(src), str(tmp_path / "c.fl"), "--size", "8", "--no-labels", "--quiet"]) == 0
+    assert not fastload.Store(tmp_path / "c.fl").labelled
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("a.jpg,1\n")
+    with pytest.raises(ValueError, match="not both"):
+        fastload.pack(src, tmp_path / "x.fl", 8, no_labels=True, labels=csv_path)
+    with pytest.raises(SystemExit) as usage:
+        cli_main(["pack", str(src), str(tmp_path / "x.fl"), "--no-labels", "--labels", str(csv_path)])
+    assert usage.value.code == 2
+
+
+def test_without_labels_the_error_offers_no_labels(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png"])
+    with pytest.raises(ValueError, match=r"no labels\. .*--no-labels"):
+        fastload.pack(src, tmp_path / "s.fl", 8)
+
+
+def test_info_calls_whole_number_labels_of_a_csv_values_not_classes(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["a.png", "b.png", "c.png"])
+    (tmp_path / "ages.csv").write_text("a.png,30\nb.png,41\nc.png,30\n")
+    store = fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "ages.csv").path
+    labels = fastload.inspect.info(store)["labels"]
+    assert "classes" not in labels and labels["values"] == {"30": 2, "41": 1} and labels["distinct"] == 2
+    assert labels["min"] == 30 and labels["max"] == 41
+    assert cli_main(["info", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "\nclasses " not in out and "values     2 distinct whole numbers: 30: 2, 41: 1" in out
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_info_and_verify_help_describe_the_command_and_store(command, capsys):
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "STORE a store file written by `fastload pack` or StoreWriter" in text
+    assert ("Recompute the checksum" if command == "verify" else "Print what STORE holds") in text
+
+
+def test_demo_seed_has_help(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["demo", "--help"])
+    assert "seed of the generated photos" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_folder_without_images_says_so_not_no_labels(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -67,22 +67,38 @@ def _class_counts(labels: np.ndarray, names: Optional[list]) -> Dict[str, int]:
     return dict(zip(keys, counts.tolist()))
 
 
+#: Distinct values of whole-number labels without class names that `info` counts one by one.
+MAX_VALUES_COUNTED = 20
+
+
 def info(path: PathLike) -> dict:
-    """A summary of a store: size, shape, label statistics, page-cache residency and memory plan."""
+    """A summary of a store: size, shape, label statistics, page-cache residency and memory plan.
+
+    Labels: records per class when the store names its classes (``classes``); else min, max
+    and mean, with ``distinct`` and, for at most ``MAX_VALUES_COUNTED`` of them, the records
+    per value (``values``) when they are whole numbers; nothing for a store packed without
+    labels (``labelled`` False)."""
     with Store(path) as store:
         labels = np.asarray(store.labels)
-        if store.label_dtype == np.int64:
-            stats = {"classes": _class_counts(labels, _meta_list(store, "class_names"))}
-        elif len(labels):
-            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
-        else:
+        names = _meta_list(store, "class_names")
+        if not store.labelled or not len(labels):
             stats = {}
+        elif store.label_dtype == np.int64 and names is not None:
+            stats = {"classes": _class_counts(labels, names)}
+        else:
+            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
+            if store.label_dtype == np.int64:
+                distinct = len(np.unique(labels))
+                stats["distinct"] = distinct
+                if distinct <= MAX_VALUES_COUNTED:
+                    stats["values"] = _class_counts(labels, None)
         resident, size = store.resident_bytes()
         return {
             "path": str(store.path),
             "records": len(store),
             "shape": list(store.shape),
             "label_dtype": str(store.label_dtype),
+            "labelled": store.labelled,
             "labels": stats,
             "file_bytes": size,
             "resident_bytes": resident,

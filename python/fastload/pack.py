@@ -31,7 +31,7 @@ import numpy as np
 from fastload import _core
 from fastload.options import MAX_LABELS_CSV_BYTES, RESIZE_MODES
 from fastload.progress import Progress
-from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath, shared_class_names
+from fastload.store import LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter, _fspath, shared_class_names
 
 #: Extensions taken for images when a file has no label (other unlabelled files are not images).
 IMAGE_EXTENSIONS = frozenset(
@@ -358,11 +358,17 @@ def _find_labels(
     top_folders: List[str],
     label_dtype: Optional[str],
     skip_missing: bool = False,
+    no_labels: bool = False,
 ) -> Tuple[Dict[str, Union[int, float]], str, Optional[List[str]], str]:
-    """Labels by relative path (from the CSV, else from the class folders `top_folders`),
-    the label dtype, the class names (None for a CSV), and where a missing label should
-    have come from. CSV rows for files that do not exist are added to `skipped` when
-    `skip_missing`."""
+    """Labels by relative path (from the CSV, else from the class folders `top_folders`;
+    with `no_labels`, the placeholder 0 or NaN for every image file), the label dtype, the
+    class names (None for a CSV), and where a missing label should have come from. CSV rows
+    for files that do not exist are added to `skipped` when `skip_missing`."""
+    if no_labels:
+        label_dtype = label_dtype or "int64"
+        placeholder = 0 if label_dtype == "int64" else math.nan
+        images = [f for f in files if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+        return {f: placeholder for f in images}, label_dtype, None, ""
     if csv_path is not None:
         listed = set(files).union(name for name, _ in skipped)
         by_path, label_dtype, missing = _read_label_csv(csv_path, src, listed, label_dtype, skip_missing)
@@ -373,7 +379,8 @@ def _find_labels(
         raise ValueError(
             f"{src}: no labels. Either pass a CSV of `relative/path,label` rows "
             "(labels=... / --labels FILE.csv), or put the images in one subfolder per class "
-            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order)"
+            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order), or pack "
+            "them without labels (no_labels=True / --no-labels: every label 0, NaN for float64)"
         )
     shared = shared_class_names(class_names)  # folders differ as bytes, but may read the same
     if shared:
@@ -471,6 +478,7 @@ def pack(
     overwrite: bool = False,
     skip_unlabelled: bool = False,
     skip_missing: bool = False,
+    no_labels: bool = False,
     follow_symlinks: bool = False,
     quiet: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
@@ -492,7 +500,10 @@ def pack(
     when its label is not a number and its path names no file; any other bad row,
     the first included, is reported with its line. A row naming a file that does not
     exist is an error unless `skip_missing`, which lists it as skipped instead. A folder
-    with no image files at all is "no images found".
+    with no image files at all is "no images found". With `no_labels` (for embedding,
+    scoring or pre-training), every image file under `src` is packed, folders included,
+    with the placeholder label 0 (NaN with label_dtype="float64"), and `meta["labels"]`
+    is "none" (`Store.labelled` is False), which `fastload train` refuses.
 
     Files that cannot be packed (not images, corrupt, truncated, hidden, not regular
     files, ...) are skipped and listed with their reason in the report and in
@@ -531,6 +542,10 @@ def pack(
         raise ValueError(f"label_dtype must be {' or '.join(map(repr, LABEL_DTYPES))}, not {label_dtype!r}")
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool)):
         raise ValueError(f"workers must be an int, not {workers!r}")
+    if no_labels and csv_path is not None:
+        raise ValueError(
+            f"no_labels / --no-labels packs without labels: pass it or labels ({csv_path}), not both"
+        )
     decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
     _check_paths(src, dest, csv_path, overwrite)
 
@@ -546,7 +561,7 @@ def pack(
         )
 
     by_path, label_dtype, class_names, unlabelled_hint = _find_labels(
-        src, csv_path, files, skipped, top_folders, label_dtype, skip_missing
+        src, csv_path, files, skipped, top_folders, label_dtype, skip_missing, no_labels
     )
     todo, left_out = _split_unlabelled(files, by_path, skip_unlabelled, unlabelled_hint)
     skipped += left_out
@@ -576,11 +591,12 @@ def pack(
             "fill": list(rgb_fill),
             "filter": "lanczos3",
             "alpha_background": list(_core.PACK_ALPHA_BACKGROUND),
-            "labels": str(csv_path) if csv_path is not None else "class folders",
+            "labels": NO_LABELS if no_labels else str(csv_path) if csv_path is not None else "class folders",
             "label_dtype": label_dtype,
             "source": str(src.resolve()),
         },
         **({"class_names": class_names} if class_names is not None else {}),
+        **({"labels": NO_LABELS} if no_labels else {}),
     }
     sources: List[str] = []
     failed: List[Tuple[str, str]] = []
