@@ -535,8 +535,10 @@ def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
     src = photo_folder(tmp_path / "src", ["a.png", "b.png"])
     csv_path = tmp_path / "labels.csv"
     csv_path.write_text("a.png,1.5\ngone.png,2\nb.png,3\n")
-    with pytest.raises(ValueError, match=r"line 2: gone.png does not exist in .*--skip-missing"):
+    with pytest.raises(ValueError) as err:
         fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
+    assert "line 2: gone.png does not exist in" in str(err.value)
+    assert str(err.value).count("--skip-missing") == 1  # the advice once, not on every row
     assert not (tmp_path / "s.fl").exists()
     report = fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=True, strict=True)
     assert report.records == 2
@@ -562,6 +564,58 @@ def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "gone.png" in result.stdout and len(fastload.Store(tmp_path / "t.fl")) == 2
+
+
+def test_csv_paths_with_a_folder_too_many_are_explained_once(tmp_path, capsys):
+    names = [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(18)]
+    src = photo_folder(tmp_path / "classes", names)
+    csv_path = tmp_path / "labels.csv"  # beside SRC, its paths written from there
+    csv_path.write_text("path,label\n" + "".join(f"classes/{n},{int(n.startswith('dog'))}\n" for n in names))
+    for skip in (False, True):
+        with pytest.raises(ValueError) as err:
+            fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=skip)
+        message = str(err.value)
+        assert "none of its 36 paths names a file in SRC" in message
+        assert "all 36 start with `classes/`: they are relative to the CSV's folder" in message
+        assert "without `classes/`), e.g. `cat/0.png`" in message
+        assert "skip-missing" not in message and "no images to pack" not in message
+        assert len(message.splitlines()) == 1
+    assert (
+        cli_main(["pack", str(src), str(tmp_path / "s.fl"), "--labels", str(csv_path), "--skip-missing"]) == 1
+    )
+    assert capsys.readouterr().err.count("classes/") == 2
+
+
+def test_csv_paths_naming_nothing_say_so_once_with_the_first_rows(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png"])
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("".join(f"elsewhere{i}.png,{i}\n" for i in range(35)))
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
+    message = str(err.value)
+    assert "none of its 35 paths names a file in SRC" in message and "skip-missing" not in message
+    assert "elsewhere2.png" in message and "elsewhere3.png" not in message and "... and 32 more" in message
+
+
+def test_class_names_as_csv_labels_become_classes(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["a.png", "b.png", "c.png", "d.png"])
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("file,animal\na.png,dogs\nb.png, cats\nc.png,dogs\nd.png,emus\n")
+    store = fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path).path)
+    assert store.meta["class_names"] == ["cats", "dogs", "emus"] and store.label_dtype == np.int64
+    assert store.labels.tolist() == [1, 0, 1, 2]
+    assert fastload.inspect.info(store.path)["labels"]["classes"] == {"cats": 1, "dogs": 2, "emus": 1}
+    # Without a header the first row is data: its name is another row's label.
+    csv_path.write_text("a.png,dogs\nb.png,cats\nc.png,dogs\nd.png,dogs\n")
+    store = fastload.Store(fastload.pack(src, tmp_path / "t.fl", 8, labels=csv_path).path)
+    assert store.labels.tolist() == [1, 0, 1, 1]
+    csv_path.write_text("a.png,dogs\nb.png,2\nc.png,dogs\nd.png,1\n")
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "u.fl", 8, labels=csv_path)
+    assert "label 'dogs' is not a number" in str(err.value) and "or all of them class names" in str(err.value)
+    csv_path.write_text("a.png,dogs\nb.png,cats\nc.png,dogs\nd.png,dogs\n")
+    with pytest.raises(ValueError, match="label 'dogs' is not a number"):
+        fastload.pack(src, tmp_path / "v.fl", 8, labels=csv_path, label_dtype="float64")
 
 
 def test_too_many_names_for_the_metadata_fail_before_decoding(tmp_path, monkeypatch):

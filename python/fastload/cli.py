@@ -366,8 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     labels.add_argument(
         "--labels",
         metavar="FILE.csv",
-        help=f"CSV of relative/path,label rows, at most {MAX_LABELS_CSV_BYTES >> 20} MiB; paths are taken as written (spaces "
-        "included); the first row is a header only if its label is not a number and its path names no file",
+        help=f"CSV of relative/path,label rows, at most {MAX_LABELS_CSV_BYTES >> 20} MiB; paths are relative to SRC, "
+        "taken as written (spaces included); labels are numbers, or all class names (classes in sorted "
+        "order); the first row is a header only if its label is not a number and its path names no file",
     )
     labels.add_argument(
         "--no-labels",

@@ -298,13 +298,16 @@ def _name_in_csv(cell: str, src: Path) -> str:
 
 def _read_label_csv(
     csv_path: Path, src: Path, files: set, label_dtype: Optional[str], skip_missing: bool = False
-) -> Tuple[Dict[str, Union[int, float]], str, List[str]]:
+) -> Tuple[Dict[str, Union[int, float]], str, List[str], Optional[List[str]]]:
     """Labels by relative path from a `path,label` CSV (header row optional, UTF-8 with or
-    without BOM, LF or CRLF), the label dtype, and the names of rows whose file does not
-    exist when `skip_missing` (otherwise those rows are errors). Every bad row is reported
-    with its line.
-    The first row is a header only when its label is not a number and its path names no
-    file under `src`; any other bad first row is reported like the rest."""
+    without BOM, LF or CRLF), the label dtype, the names of rows whose file does not
+    exist when `skip_missing` (otherwise those rows are errors), and the class names when
+    the labels are names rather than numbers (each name a class, in sorted order; None
+    otherwise). Every bad row is reported with its line; when no row names a file, one
+    message says so, and which leading folders the paths have too many.
+    The first row is a header only when its label is not a number (nor a label of another
+    row) and its path names no file under `src`; any other bad first row is reported like
+    the rest."""
     try:
         text = _read_csv_bytes(csv_path).decode("utf-8-sig")
         reader = csv.reader(io.StringIO(text, newline=""))
@@ -315,39 +318,103 @@ def _read_label_csv(
         raise ValueError(f"{csv_path}: not a CSV file: {exc}") from None
     if rows and len(rows[0][1]) == 2:
         path, label = rows[0][1]
-        if not _is_number(label) and _name_in_csv(path, src) not in files:
+        names_below = {r[1].strip() for _, r in rows[1:] if len(r) == 2}  # a class name is data
+        if (
+            not _is_number(label)
+            and _name_in_csv(path, src) not in files
+            and label.strip() not in names_below
+        ):
             rows = rows[1:]  # a header row
-    if label_dtype is None:
+    named = [len(r) == 2 and bool(r[1].strip()) and not _is_number(r[1]) for _, r in rows]
+    class_names = None
+    if rows and all(named) and label_dtype != "float64":
+        class_names = sorted({r[1].strip() for _, r in rows})
+        shared = shared_class_names(class_names)
+        if shared:
+            raise ValueError(f"{csv_path}: class names that read as one name: {'; '.join(shared)}")
+        label_dtype = "int64"
+    elif label_dtype is None:
         label_dtype = "int64" if all(len(r) == 2 and _is_int(r[1]) for _, r in rows) else "float64"
+    index = {name: i for i, name in enumerate(class_names or [])}
     labels: Dict[str, Union[int, float]] = {}
     first_line: Dict[str, int] = {}
-    problems, missing = [], []
+    problems: List[Tuple[int, str]] = []
+    missing: List[Tuple[int, str]] = []
     for line, row in rows:
         if len(row) != 2:
-            problems.append(f"line {line}: expected 2 columns (path,label), found {len(row)}")
+            problems.append((line, f"line {line}: expected 2 columns (path,label), found {len(row)}"))
             continue
         name = _name_in_csv(row[0], src)
         shown = _printable(name)
+        if name not in files:
+            missing.append((line, name))
+            continue
         try:
-            value = _parse_label(row[1], label_dtype)
+            value = index[row[1].strip()] if class_names else _parse_label(row[1], label_dtype)
         except ValueError as exc:
-            problems.append(f"line {line}: {shown}: {exc}")
+            problems.append((line, f"line {line}: {shown}: {exc}"))
             continue
         if name in first_line:
-            problems.append(f"line {line}: {shown} already has a label on line {first_line[name]}")
-        elif name not in files:
-            if skip_missing:
-                missing.append(name)
-            else:
-                problems.append(
-                    f"line {line}: {shown} does not exist in {src} (skip_missing=True / --skip-missing to leave it out)"
-                )
+            problems.append((line, f"line {line}: {shown} already has a label on line {first_line[name]}"))
         else:
             first_line[name] = line
             labels[name] = value
+    if missing and len(missing) == sum(len(r) == 2 for _, r in rows):
+        # No row names a file: leaving the rows out (skip_missing) would leave nothing to pack.
+        raise ValueError(_no_row_names_a_file(csv_path, src, files, [name for _, name in missing]))
+    advice = ""
+    if missing and not skip_missing:
+        problems += [
+            (line, f"line {line}: {_printable(name)} does not exist in {src}") for line, name in missing
+        ]
+        advice = f" ({len(missing)} name no file: skip_missing=True / --skip-missing leaves those rows out)"
+    if any(named) and not all(named):
+        advice += "; labels are numbers, or all of them class names (made classes in sorted order)"
     if problems:
-        raise ValueError(f"{csv_path}: {len(problems)} bad row(s):{_listed(problems)}")
-    return labels, label_dtype, missing
+        listed = [text for _, text in sorted(problems)]
+        raise ValueError(f"{csv_path}: {len(problems)} bad row(s){advice}:{_listed(listed)}")
+    return labels, label_dtype, [name for _, name in missing], class_names
+
+
+def _extra_prefix(names: Sequence[str], files: set) -> Optional[str]:
+    """The leading folders every one of `names` has beyond a file of SRC (`classes/` when
+    `classes/cat/1.jpg` is `cat/1.jpg` in SRC), or None when they share none."""
+    prefixes = set()
+    for name in names:
+        parts = name.split("/")
+        found = next((k for k in range(1, len(parts)) if "/".join(parts[k:]) in files), None)
+        if found is None:
+            return None
+        prefixes.add("/".join(parts[:found]) + "/")
+        if len(prefixes) > 1:
+            return None
+    return prefixes.pop() if prefixes else None
+
+
+def _no_row_names_a_file(csv_path: Path, src: Path, files: set, names: List[str]) -> str:
+    """Why not one row of the labels CSV names a file of SRC, said once: the folders the paths
+    have too many, and where they would name files (the CSV's folder, SRC's parent)."""
+    head = (
+        f"{csv_path}: its one row's path {_printable(names[0])} does not exist in SRC ({src})"
+        if len(names) == 1
+        else f"{csv_path}: none of its {len(names)} paths names a file in SRC ({src})"
+    ) + "; paths are read relative to SRC"
+    bases = [("the CSV's folder", csv_path.parent), ("SRC's parent", src.parent)]
+    where = next(
+        (f"{what} ({folder})" for what, folder in bases if all((folder / n).is_file() for n in names)), None
+    )
+    prefix = _extra_prefix(names, files)
+    if prefix is not None:
+        shown = _printable(prefix)
+        there = f": they are relative to {where}" if where else ""
+        return (
+            f"{head}, and all {len(names)} start with `{shown}`{there}. Write them relative to SRC "
+            f"(without `{shown}`), e.g. `{_printable(names[0][len(prefix) :])}`"
+        )
+    there = f"; they name files relative to {where}: write them relative to SRC" if where else ""
+    return f"{head} (`cat/1.jpg` for {src}/cat/1.jpg){there}. The first rows name:" + _listed(
+        [_printable(n) for n in names], limit=3
+    )
 
 
 def _find_labels(
@@ -362,7 +429,7 @@ def _find_labels(
 ) -> Tuple[Dict[str, Union[int, float]], str, Optional[List[str]], str]:
     """Labels by relative path (from the CSV, else from the class folders `top_folders`;
     with `no_labels`, the placeholder 0 or NaN for every image file), the label dtype, the
-    class names (None for a CSV), and where a missing label should have come from. CSV rows
+    class names (None for a CSV of numbers), and where a missing label should have come from. CSV rows
     for files that do not exist are added to `skipped` when `skip_missing`."""
     if no_labels:
         label_dtype = label_dtype or "int64"
@@ -371,9 +438,11 @@ def _find_labels(
         return {f: placeholder for f in images}, label_dtype, None, ""
     if csv_path is not None:
         listed = set(files).union(name for name, _ in skipped)
-        by_path, label_dtype, missing = _read_label_csv(csv_path, src, listed, label_dtype, skip_missing)
+        by_path, label_dtype, missing, class_names = _read_label_csv(
+            csv_path, src, listed, label_dtype, skip_missing
+        )
         skipped.extend((name, MISSING_SKIPPED) for name in missing)
-        return by_path, label_dtype, None, f"{csv_path.name} has no row for them"
+        return by_path, label_dtype, class_names, f"{csv_path.name} has no row for them"
     class_names = top_folders
     if not class_names:
         raise ValueError(
@@ -492,14 +561,18 @@ def pack(
 
     Labels come from `labels`, a CSV of `relative/path,label` rows, or else from class
     folders (`src/CLASS/...`: the label is the index of CLASS in sorted order, and the
-    names go to `meta["class_names"]`). `label_dtype` is "int64" or "float64" (default:
-    int64 for classes and all-integer CSVs). An image without a label is an error
+    names go to `meta["class_names"]`). A CSV's labels are numbers, or all of them class
+    names (`cat/1.jpg,cats`), which become classes as folders do: the index of the name in
+    sorted order, the names in `meta["class_names"]`. `label_dtype` is "int64" or "float64"
+    (default: int64 for classes and all-integer CSVs). An image without a label is an error
     unless `skip_unlabelled`. In the CSV (at most 128 MiB), paths are taken as written,
     spaces included; labels may have spaces around them and must fit their dtype (a
     label out of int64 or float64 range names its line). The first row is a header only
     when its label is not a number and its path names no file; any other bad row,
     the first included, is reported with its line. A row naming a file that does not
-    exist is an error unless `skip_missing`, which lists it as skipped instead. A folder
+    exist is an error unless `skip_missing`, which lists it as skipped instead; when no
+    row names a file, one message says so, naming the leading folders (`classes/`) the
+    paths have beyond SRC's files and where they would name files. A folder
     with no image files at all is "no images found". With `no_labels` (for embedding,
     scoring or pre-training), every image file under `src` is packed, folders included,
     with the placeholder label 0 (NaN with label_dtype="float64"), and `meta["labels"]`
