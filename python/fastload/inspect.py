@@ -1,6 +1,7 @@
 """What a store and this machine hold: the summary behind `fastload info`, the damaged
-records behind `fastload verify`, and the memory plan (uint8 records against cached
-float32 tensors, against this machine's RAM and cores)."""
+records behind `fastload verify`, the memory plan (uint8 records against cached
+float32 tensors, against this machine's RAM and cores), and how this fastload was built
+(`build_info`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,30 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from fastload import _core
 from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store, shared_class_names
 
-__all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores"]
+__all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores", "build_info", "NO_JPEG_SIMD"]
+
+#: What a build whose JPEG decoder has no SIMD costs, and the fix.
+NO_JPEG_SIMD = (
+    "JPEG decoding in this fastload runs without SIMD (the extension was compiled without nasm, "
+    "or this CPU lacks SSE2/NEON): `fastload pack` decodes JPEGs at full or half size 1.4-2.7x slower "
+    "(benches/RESULTS.md). Install nasm (apt-get install nasm) and reinstall fastload"
+)
+
+
+def build_info() -> dict:
+    """How this fastload was built, where it changes speed: ``version``, and ``jpeg_simd``,
+    whether libjpeg-turbo decodes JPEGs with SIMD here. A build made without ``nasm`` on x86
+    has none (the JPEG library's build only prints a warning, which pip hides), and neither
+    has a CPU without SSE2/NEON; ``jpeg_simd_note`` then says what that costs."""
+    simd = _core.pack_jpeg_simd()
+    return {
+        "version": _core.__version__,
+        "jpeg_simd": simd,
+        **({} if simd else {"jpeg_simd_note": NO_JPEG_SIMD}),
+    }
 
 
 def usable_cores() -> int:
