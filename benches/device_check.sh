@@ -1,80 +1,179 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run of under 5 minutes, every figure in one JSON file.
+# The checks that need a GPU, most important first, under one overall time limit, each step's
+# output written to its own file the moment the step ends (a hang leaves the earlier results).
 #
-#   benches/device_check.sh [OUT.json]             # on a machine with CUDA; fails without it
-#   DEVICE=cpu benches/device_check.sh [OUT.json]  # the same steps on the CPU: checks the script
+#   benches/device_check.sh [OUTDIR]             # on a machine with CUDA; fails without it
+#   DEVICE=cpu benches/device_check.sh [OUTDIR]  # the same steps on the CPU, small: checks the script
 #
-# Steps: make fastload importable (FASTLOAD_WHEEL=path.whl installs that wheel; else the
-# checkout's python/ folder when its extension is built; else `pip install -e ".[test]"`),
-# refuse to go on without CUDA, run the tests whose outcome depends on CUDA, run
-# `fastload bench --only h2d,to_device,dataset` and the augmentation bench, check on a small
-# synthetic store that batches reach the device byte-exact through FastLoadDataset + to_device
-# (and time it), and run a short `fastload train --device cuda --amp bf16`. Exit 1, naming the
-# step, if any step fails or a CUDA step was skipped.
-set -euo pipefail
+# Environment:
+#   PYTHON       the interpreter (default python3; a stock GPU machine may have no `python`)
+#   BUDGET       seconds for the whole run (default 540: a device command may run 600 s); each
+#                step gets min(its own limit, what is left), a step with under 20 s left is
+#                skipped (named in the summary), and the suite gets whatever remains
+#   STEPS        comma-separated steps to run (default: all, in the order below)
+#   FILL_GPU_GB  GB of 384x384x3 records in the fill_gpu store (default 8 on CUDA, 0.02 on the CPU)
+#   FASTLOAD_WHEEL  install this wheel first (else the checkout's python/ when its extension is
+#                built, else `pip install -e ".[test]"`)
+#
+# Steps, with their own limits (seconds) and what they cost on an H200 (estimated: none has
+# run there yet):
+#   setup          20  fastload importable, CUDA present (exits 1 without it), machine.json
+#   cuda_tests    150  the tests whose outcome depends on CUDA, -v, failures by name
+#   fit_many_cuda 120  #25's crashed command: bench_fit_many.py --counts 4 --records 4096
+#                      --side 96 --epochs 2 --batch-size 256, all four modes (10 processes)
+#   bench         180  fastload bench --only memcpy,gather,dataset,h2d,to_device --size-gb 2:
+#                      the copy limit against the loader, the link, and the verdict
+#   to_device      60  batches byte-exact on the device through FastLoadDataset + to_device
+#   train_bf16     90  fastload train --amp bf16 on that small store
+#   fill_gpu      300  bench_fit_many.py on FILL_GPU_GB of 384x384x3 records, N = 1, 2, 4, 8,
+#                      the four modes, 1 epoch, amp off (so --stack stacks): 27 processes,
+#                      about 3 minutes (store 10 s, ~4 s start-up per process, < 5 s training)
+#   fill_gpu_bf16 120  the same store, fit_many at N = 1 and 8 under bf16 autocast
+#   augment        90  benches/bench_augment.py on the device
+#   suite        rest  the whole suite (-m "not slow", -n 8 with pytest-xdist), -v: on the
+#                      default budget little is left for it; run it alone as well:
+#                      STEPS=suite benches/device_check.sh OUTDIR2
+# Default budget: the steps above but the suite take about 8 minutes on an H200 (estimated).
+#
+# OUTDIR (default ./device_check) gets, as each step ends: NN-STEP.log (its output), the
+# figures it writes (bench.json, fit_many_cuda.json, to_device.json, train.jsonl, fill_gpu.json,
+# fill_gpu_bf16.json), junit-STEP.xml for the test steps, and, rewritten after every step,
+# steps.tsv, failed-tests.txt and summary.json (every step's outcome, the failed tests by name,
+# the verdict, the problems). Exit 1 if a step failed or was skipped for want of time, a test
+# failed, or (on CUDA) a test was skipped for want of CUDA.
+set -uo pipefail
 
+PYTHON="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
-OUT="$(realpath -m "${1:-device_check.json}")"
+BUDGET="${BUDGET:-540}"
+STEPS="${STEPS:-setup,cuda_tests,fit_many_cuda,bench,to_device,train_bf16,fill_gpu,fill_gpu_bf16,augment,suite}"
+if [[ "$DEVICE" == cuda ]]; then
+    FIT_MANY_SIZE=(--counts 4 --records 4096 --side 96 --epochs 2 --batch-size 256) # #25's command
+    BENCH_SIZE=(--size-gb 2)
+    FILL_GPU_GB="${FILL_GPU_GB:-8}"
+    FILL_COUNTS=1,2,4,8
+    TRAIN_SIZE="--epochs 3 --max-steps 40" # a string: the train_bf16 function gets it exported
+else # the dry run: the same steps at sizes two busy cores run in about 7 minutes
+    FIT_MANY_SIZE=(--counts 2 --records 256 --side 16 --epochs 1 --batch-size 64)
+    BENCH_SIZE=(--quick)
+    FILL_GPU_GB="${FILL_GPU_GB:-0.02}"
+    FILL_COUNTS=1,2
+    TRAIN_SIZE="--epochs 1"
+fi
+OUTDIR="$(realpath -m "${1:-device_check}")"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-cd "$ROOT"
+cd "$ROOT" || exit 1
+say() { echo "device_check: [$SECONDS s] $*" >&2; }
 fail() { echo "device_check: FAILED: $*" >&2; exit 1; }
-step() { echo "device_check: [$SECONDS s] $*" >&2; }
 
 case "$DEVICE" in cuda | cpu) ;; *) fail "DEVICE must be cuda or cpu, not '$DEVICE'" ;; esac
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || fail "BUDGET must be a whole number of seconds, not '$BUDGET'"
+command -v "$PYTHON" >/dev/null || fail "no interpreter '$PYTHON' (set PYTHON to the one that has torch)"
+mkdir -p "$OUTDIR" || fail "cannot make $OUTDIR"
+rm -f "$OUTDIR"/*.log "$OUTDIR"/junit-*.xml "$OUTDIR"/steps.tsv "$OUTDIR"/failed-tests.txt "$OUTDIR"/summary.json
+printf 'step\tstatus\texit\tseconds\n' >"$OUTDIR/steps.tsv"
+STEP_NUMBER=0
 
-step "making fastload importable"
-if [[ -n "${FASTLOAD_WHEEL:-}" ]]; then
-    python -m pip install --quiet --no-deps --force-reinstall "$FASTLOAD_WHEEL" || fail "pip install $FASTLOAD_WHEEL"
-elif PYTHONPATH="$ROOT/python" python -c "import fastload._core" 2>/dev/null; then
+# run_step NAME LIMIT COMMAND...: runs COMMAND under min(LIMIT, budget left) seconds, its
+# output in OUTDIR/NN-NAME.log, its outcome in steps.tsv; then the summary is rewritten.
+run_step() {
+    local name="$1" limit="$2" left rc status started
+    shift 2
+    [[ ",$STEPS," == *",$name,"* ]] || return 0
+    STEP_NUMBER=$((STEP_NUMBER + 1))
+    local log
+    log="$OUTDIR/$(printf '%02d' "$STEP_NUMBER")-$name.log"
+    left=$((BUDGET - SECONDS - 5)) # 5 s for the summary
+    if [[ "$limit" == rest ]]; then limit=$left; fi
+    ((limit > left)) && limit=$left
+    if ((limit < 20)); then
+        say "$name: skipped, ${left} s of the ${BUDGET} s budget left"
+        printf '%s\tskipped: budget\t\t0\n' "$name" >>"$OUTDIR/steps.tsv"
+        echo "skipped: ${left} s of the ${BUDGET} s budget left" >"$log"
+        summarize
+        return 0
+    fi
+    say "$name (at most $limit s) -> $log"
+    started=$SECONDS
+    # bash -c: a step may be one of the functions below (exported), which timeout cannot run.
+    timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=passed ;;
+        124 | 137) status="timed out after $limit s" ;;
+        *) status=failed ;;
+    esac
+    say "$name: $status (exit $rc, $((SECONDS - started)) s)"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$((SECONDS - started))" >>"$OUTDIR/steps.tsv"
+    summarize
+    if [[ "$name" == setup && $rc != 0 ]]; then
+        cat "$log" >&2
+        fail "setup (see $log)"
+    fi
+}
+
+summarize() { # its exit status says whether there are problems; a traceback, that it failed
+    "$PYTHON" benches/device_check_summary.py "$OUTDIR" "$DEVICE" >/dev/null 2>"$OUTDIR/summary.err"
+    [[ -s "$OUTDIR/summary.err" ]] && say "the summary could not be written: $(tail -1 "$OUTDIR/summary.err")"
+    return 0
+}
+
+# Every step's interpreter sees the checkout when its extension is built.
+if [[ -z "${FASTLOAD_WHEEL:-}" ]] && PYTHONPATH="$ROOT/python" "$PYTHON" -c "import fastload._core" 2>/dev/null; then
     export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-else
-    python -m pip install --quiet -e ".[test]" || fail "pip install -e .[test] (needs Rust and maturin, or set FASTLOAD_WHEEL)"
 fi
-python -c "import fastload, pytest" || fail "fastload or pytest is not importable"
-TORCH="$(python -c 'import torch; print(torch.__version__, int(torch.cuda.is_available()))')"
-if [[ "$DEVICE" == cuda && "$TORCH" != *" 1" ]]; then
-    fail "CUDA is not available to torch ${TORCH% *}; DEVICE=cpu runs the same steps on the CPU"
-fi
+export PYTHON DEVICE OUTDIR WORK ROOT TRAIN_SIZE
 
-step "tests whose outcome depends on CUDA"
-# The tests marked "needs CUDA" (bf16 training, augmentation on CUDA against the CPU), the bench
-# tests (h2d and to_device stages run with CUDA), and the pinned-memory and to_device tests of
-# the dataset.
-set +e
-timeout 120 python -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/junit.xml" \
-    tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_augment.py::test_cuda_matches_cpu \
-    tests/test_bench.py \
-    tests/test_dataset.py -k "cuda or pin or to_device or bench or json or noisy or stage or quick" \
-    >"$WORK/pytest.txt" 2>&1
-TESTS_RC=$?
-set -e
-tail -5 "$WORK/pytest.txt" >&2
+setup() {
+    if [[ -n "${FASTLOAD_WHEEL:-}" ]]; then
+        "$PYTHON" -m pip install --quiet --no-deps --force-reinstall "$FASTLOAD_WHEEL" || return 1
+    elif ! "$PYTHON" -c "import fastload._core" 2>/dev/null; then
+        "$PYTHON" -m pip install --quiet -e ".[test]" || return 1
+    fi
+    "$PYTHON" - "$DEVICE" "$OUTDIR/machine.json" <<'EOF'
+import json, os, platform, shutil, subprocess, sys
+import fastload, pytest, torch
 
-step "fastload bench --only h2d,to_device,dataset"
-timeout 100 python -m fastload bench --only h2d,to_device,dataset --size-gb 1 --repeats 3 --quiet \
-    --json "$WORK/bench.json" || fail "fastload bench"
+device, out = sys.argv[1], sys.argv[2]
+machine = {"platform": platform.platform(), "cores": os.cpu_count(), "python": platform.python_version(),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "fastload": fastload.__file__,
+           "cuda_available": torch.cuda.is_available(), "gpu": None}
+if torch.cuda.is_available():
+    machine["gpu"] = torch.cuda.get_device_name(0)
+if shutil.which("nvidia-smi"):
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    machine["nvidia_smi"] = smi.stdout.strip()
+json.dump(machine, open(out, "w"), indent=1)
+print(json.dumps(machine))
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit(f"CUDA is not available to torch {torch.__version__}; DEVICE=cpu runs the same steps on the CPU")
+EOF
+}
 
-step "augmentation on $DEVICE: benches/bench_augment.py"
-# Batch 64, 384 -> 224 crop + flip + jitter; torchvision and kornia rows only where installed.
-timeout 90 python benches/bench_augment.py --device "$DEVICE" --batches 16 --repeats 3 >"$WORK/augment.txt" \
-    || fail "benches/bench_augment.py --device $DEVICE"
-cat "$WORK/augment.txt" >&2
+small_store() {
+    # 4096 records of 64x64x3, labels their brightness: for to_device and train_bf16.
+    [[ -f "$WORK/train.fl" ]] || "$PYTHON" -c "
+import sys, numpy as np
+from fastload import StoreWriter
+images = np.random.default_rng(0).integers(0, 256, (4096, 64, 64, 3), dtype=np.uint8)
+with StoreWriter(sys.argv[1], (64, 64, 3), 'float64') as writer:
+    writer.extend(images, images.mean(axis=(1, 2, 3)) / 255.0)
+" "$WORK/train.fl"
+}
 
-step "batches on the device through FastLoadDataset + to_device, and a small store to train on"
-timeout 60 python - "$WORK" "$DEVICE" <<'EOF' || fail "the FastLoadDataset -> $DEVICE check"
+to_device_check() {
+    small_store || return 1
+    "$PYTHON" - "$WORK/train.fl" "$DEVICE" "$OUTDIR/to_device.json" <<'EOF'
 import json, sys, time
-import numpy as np, torch
-from fastload import FastLoadDataset, Store, StoreWriter, to_device
+import torch
+from fastload import FastLoadDataset, Store, to_device
 
-work, device = sys.argv[1], sys.argv[2]
-rng = np.random.default_rng(0)
-images = rng.integers(0, 256, (4096, 64, 64, 3), dtype=np.uint8)
-labels = images.mean(axis=(1, 2, 3)) / 255.0  # learnable: the brightness
-with StoreWriter(f"{work}/train.fl", (64, 64, 3), "float64") as writer:
-    writer.extend(images, labels)
-store = Store(f"{work}/train.fl")
+path, device, out = sys.argv[1:4]
+store = Store(path)
+images = torch.from_numpy(store.images.copy())
 ds = FastLoadDataset(store, 256, order="random", return_indices=True)
 figures = {"pinned_batches": ds.pin_memory}
 for epoch in range(2):  # the first includes CUDA's start-up, the second is the steady state
@@ -83,72 +182,64 @@ for epoch in range(2):  # the first includes CUDA's start-up, the second is the 
         on_device = to_device(batch, device, dtype=torch.float32)
         # Back to the bytes: x/255 in float32 rounds back to x exactly.
         restored = (on_device * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
-        mismatched += int((restored != torch.from_numpy(images[indices.numpy()])).flatten(1).any(1).sum())
+        mismatched += int((restored != images[indices]).flatten(1).any(1).sum())
         records += len(indices)
     if device == "cuda":
         torch.cuda.synchronize()
     figures[f"epoch_{epoch}"] = {"records": records, "seconds": round(time.perf_counter() - started, 3),
                                  "mismatched_records": mismatched}
+json.dump(figures, open(out, "w"), indent=1)
+print(json.dumps(figures))
 assert all(figures[f"epoch_{e}"]["mismatched_records"] == 0 for e in range(2)), figures
 assert all(figures[f"epoch_{e}"]["records"] == len(images) for e in range(2)), figures
 assert ds.pin_memory == (device == "cuda"), "batches are not pinned with CUDA available"
-json.dump(figures, open(f"{work}/to_device.json", "w"))
 EOF
-
-step "fastload train --device $DEVICE --amp bf16"
-timeout 90 python -m fastload train "$WORK/train.fl" --device "$DEVICE" --amp bf16 --epochs 3 --max-steps 40 \
-    --batch-size 256 --json --json-log "$WORK/train.jsonl" >/dev/null || fail "fastload train"
-
-step "writing $OUT"
-python - "$WORK" "$DEVICE" "$OUT" "$TESTS_RC" "$SECONDS" <<'EOF'
-import json, platform, re, subprocess, sys
-import xml.etree.ElementTree as ET
-import torch
-
-work, device, out, tests_rc, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-problems = []
-suite = ET.parse(f"{work}/junit.xml").getroot().iter("testcase")
-tests = {"passed": [], "failed": [], "skipped": []}
-for case in suite:
-    name = f"{case.get('classname')}::{case.get('name')}"
-    outcome = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
-    kind = "passed" if outcome is None else "skipped" if outcome.tag == "skipped" else "failed"
-    tests[kind].append(name if outcome is None else f"{name}: {(outcome.get('message') or '')[:200]}")
-if tests_rc != 0 or tests["failed"]:
-    problems.append(f"tests failed (pytest exit {tests_rc}): {tests['failed'][:5]}")
-bench = json.load(open(f"{work}/bench.json"))
-stages = {name: s["status"] for name, s in bench["stages"].items()}
-figures = [{k: row[k] for k in ("stage", "method", "images_per_s", "gb_per_s", "spread_pct") if k in row}
-           for row in bench["rows"]]
-if device == "cuda":
-    cuda_skips = [t for t in tests["skipped"] if re.search("cuda", t, re.I)]
-    if cuda_skips:
-        problems.append(f"tests skipped for want of CUDA: {cuda_skips}")
-    for name in ("h2d", "to_device"):
-        if stages.get(name) != "ok":
-            problems.append(f"bench stage {name} did not run: {bench['stages'].get(name)}")
-epochs = [json.loads(line) for line in open(f"{work}/train.jsonl")]
-gpu = None
-if torch.cuda.is_available():
-    gpu = torch.cuda.get_device_name(0)
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    gpu += f" ({smi.stdout.strip()})" if smi.returncode == 0 else ""
-report = {
-    "device": device,
-    "passed": not problems,
-    "problems": problems,
-    "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                "cuda": torch.version.cuda, "gpu": gpu},
-    "tests": {k: (len(v) if k == "passed" else v) for k, v in tests.items()},
-    "bench": {"stages": stages, "figures": figures, "verdict": bench.get("verdict")},
-    "to_device": json.load(open(f"{work}/to_device.json")),
-    "train": epochs,
-    "augment": open(f"{work}/augment.txt").read().splitlines(),
-    "seconds": seconds,
 }
-with open(out, "w") as f:
-    json.dump(report, f, indent=1)
-print(json.dumps({"passed": report["passed"], "problems": problems, "tests": report["tests"], "seconds": seconds}))
-sys.exit(0 if not problems else 1)
-EOF
+
+train_bf16() {
+    small_store || return 1
+    rm -f "$OUTDIR/train.jsonl"
+    "$PYTHON" -m fastload train "$WORK/train.fl" --device "$DEVICE" --amp bf16 $TRAIN_SIZE \
+        --batch-size 256 --json --json-log "$OUTDIR/train.jsonl"
+}
+
+# pytest_step NAME ARGS...: pytest -v, every outcome by name in the log and junit-NAME.xml.
+pytest_step() {
+    local name="$1"
+    shift
+    "$PYTHON" -m pytest -v -rA -p no:cacheprovider --junitxml="$OUTDIR/junit-$name.xml" "$@"
+}
+
+suite_step() {
+    local parallel=()
+    "$PYTHON" -c "import xdist" 2>/dev/null && parallel=(-n 8)
+    pytest_step suite -m "not slow" "${parallel[@]}"
+}
+
+export -f setup small_store to_device_check train_bf16 pytest_step suite_step
+say "$PYTHON, DEVICE=$DEVICE, budget $BUDGET s, steps $STEPS -> $OUTDIR"
+run_step setup 20 setup
+# The tests marked "needs CUDA" (bf16 training, augmentation on CUDA against the CPU), the
+# trainer's CUDA layout, the bench (h2d and to_device run with CUDA), and the pinned-memory and
+# to_device tests of the dataset (-k applies to every file: "bench" selects all of test_bench).
+run_step cuda_tests 150 pytest_step cuda_tests \
+    tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_augment.py::test_cuda_matches_cpu \
+    tests/test_train.py::test_the_cuda_layout_reorders_the_convolutions_only tests/test_bench.py \
+    tests/test_dataset.py -k "cuda or pin or to_device or bench or json or noisy or stage or quick"
+run_step fit_many_cuda 120 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE" --repeats 1 \
+    "${FIT_MANY_SIZE[@]}" --child-timeout 100 --json "$OUTDIR/fit_many_cuda.json"
+run_step bench 180 "$PYTHON" -m fastload bench --only memcpy,gather,dataset,h2d,to_device "${BENCH_SIZE[@]}" \
+    --repeats 3 --quiet --json "$OUTDIR/bench.json"
+run_step to_device 60 to_device_check
+run_step train_bf16 90 train_bf16
+run_step fill_gpu 300 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE" --side 384 --size-gb "$FILL_GPU_GB" \
+    --counts "$FILL_COUNTS" --epochs 1 --batch-size 256 --val-fraction 0.05 --repeats 1 --child-timeout 120 \
+    --json "$OUTDIR/fill_gpu.json"
+run_step fill_gpu_bf16 120 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE" --side 384 \
+    --size-gb "$FILL_GPU_GB" --counts 1,8 --modes fit_many --amp bf16 --epochs 1 --batch-size 256 \
+    --val-fraction 0.05 --repeats 1 --child-timeout 100 --json "$OUTDIR/fill_gpu_bf16.json"
+# Batch 64, 384 -> 224 crop + flip + jitter; torchvision and kornia rows only where installed.
+run_step augment 90 "$PYTHON" benches/bench_augment.py --device "$DEVICE" --batches 16 --repeats 3
+run_step suite rest suite_step
+
+"$PYTHON" benches/device_check_summary.py "$OUTDIR" "$DEVICE"

@@ -60,7 +60,9 @@ def test_quick_run_reports_every_stage_in_the_json(quick_run, tiny_store):
     for row in saved["rows"]:
         assert row["images_per_s"] > 0 and row["gb_per_s"] > 0, row["method"]
         assert len(row["seconds"]) == 3 and min(row["seconds"]) > 0
-        assert row["spread_pct"] >= 0 and row["vs_memcpy"] > 0 and row["vs_fastload"] > 0
+        assert row["spread_pct"] >= 0 and row["vs_fastload"] > 0
+        # No share of a limit that a fastload figure beat (on a busy machine the noise can).
+        assert (row["vs_memcpy"] is None) == (saved["limit_problem"] is not None), saved["limit_problem"]
     # The stages every machine can run did run.
     for name in ("memcpy", "disk", "gather", "dataset", "memmap", "dataloader"):
         assert saved["stages"][name]["status"] == "ok", saved["stages"][name]
@@ -96,15 +98,16 @@ def test_json_describes_the_machine_and_the_store(quick_run, tiny_store):
     if not torch.cuda.is_available():
         assert "the host-to-device link was not measured" in results["verdict"]
     assert all(t["paired_ratio"] > 0 for t in results["targets"])
-    assert {t["target"] for t in results["targets"]} == {
-        "fastload >= 85% of memcpy",
-        "fastload >= 4x the np.memmap DataLoader recipe",
-        "fastload >= 1.5x np.memmap fancy indexing",
-    }
+    expected = {"fastload >= 4x the np.memmap DataLoader recipe", "fastload >= 1.5x np.memmap fancy indexing"}
+    if results["limit_problem"] is None:
+        expected.add("fastload >= 85% of memcpy")
+    assert {t["target"] for t in results["targets"]} == expected
     # A quick run's short epochs over a few MB are not what the targets are set for.
     assert not any(t["judged"] for t in results["targets"])
     lines = [line for line in bench.report_lines(results) if line.startswith("target ")]
-    assert len(lines) == 3 and all("not judged" in line and "MISSED" not in line for line in lines)
+    assert len(lines) == len(expected) and all(
+        "not judged" in line and "MISSED" not in line for line in lines
+    )
 
 
 def test_noisy_figures_are_warned_about(quick_run):
@@ -233,8 +236,66 @@ def test_plain_table_without_rich(quick_run, monkeypatch, capsys):
     assert any(line.startswith("verdict: ") for line in lines)
 
 
-def _row(method, images_per_s, stage="x"):
-    return {"method": method, "stage": stage, "images_per_s": images_per_s, "gb_per_s": images_per_s / 1e4}
+def _row(method, images_per_s, stage="x", kind="x"):
+    return {
+        "method": method,
+        "stage": stage,
+        "kind": kind,
+        "images_per_s": images_per_s,
+        "gb_per_s": images_per_s / 1e4,
+    }
+
+
+def _h200_rows(memcpy):
+    """The figures of the first GPU run (#25: 224x224x3 records, 16 cores), with the memcpy
+    limit given."""
+    return [
+        _row("memcpy, 16 threads", memcpy, stage="memcpy", kind="limit"),
+        _row("host-to-device, pinned uint8", 365_827, stage="h2d", kind="limit"),
+        _row("host-to-device, pinned float32", 91_457, stage="h2d", kind="limit"),
+        _row("Store.gather, warm, random", 321_441, stage="gather", kind="fastload"),
+        _row("FastLoadDataset, warm, random", 312_969, stage="dataset", kind="fastload"),
+        _row("FastLoadDataset + to_device, float32 on GPU", 125_775, stage="to_device", kind="fastload"),
+        _row("np.memmap fancy indexing, warm, random", 60_000, stage="memmap", kind="baseline"),
+    ]
+
+
+def test_a_limit_below_the_loader_is_called_wrong_and_never_compared_with():
+    # #25: "memcpy, 16 threads" measured 98,802 img/s, Store.gather 321,441: the verdict said
+    # "317% of the memcpy limit" and named memory bandwidth as the narrowest stage.
+    rows = _h200_rows(memcpy=98_802)
+    problem = bench.limit_problem(rows)
+    assert problem.startswith("the memcpy limit is wrong: Store.gather, warm, random delivers 321,441 img/s")
+    assert '3.25x the 98,802 img/s of "memcpy, 16 threads"' in problem
+    text = bench.verdict(rows, {"ram_bytes": 10**12, "uint8_bytes": 10**9})
+    assert problem in text and "% of the" not in text and "memory bandwidth" not in text
+    assert text.endswith("the narrowest stage is the loader, at 312,969 img/s.")
+    assert [t["target"] for t in bench.targets(rows, bench.TARGET_MIN_BYTES)] == [
+        "fastload >= 1.5x np.memmap fancy indexing"
+    ]
+    # Within the tolerance a loader level with the limit is noise, not a wrong limit.
+    level = _h200_rows(memcpy=321_441 / bench.LIMIT_TOLERANCE + 1)
+    assert bench.limit_problem(level) is None
+    assert "102% of the" in bench.verdict(level, {"ram_bytes": 10**12, "uint8_bytes": 10**9})
+
+
+def test_a_link_narrower_than_the_loader_is_the_narrowest_stage():
+    rows = _h200_rows(memcpy=340_000)
+    rows[1]["images_per_s"] = 200_000  # pinned uint8: narrower than the loader
+    text = bench.verdict(rows, {"ram_bytes": 10**12, "uint8_bytes": 10**9})
+    assert "delivers 312,969 img/s, 92% of the 340,000 img/s memcpy limit" in text
+    assert "the link bounds the path even as uint8" in text
+    assert text.endswith("the narrowest stage is the host-to-device link (uint8), at 200,000 img/s.")
+
+
+def test_a_disk_narrower_than_loader_and_link_is_the_narrowest_stage_of_a_store_beyond_ram():
+    rows = _h200_rows(memcpy=340_000) + [
+        _row("FastLoadDataset, cold, random", 20_000, stage="dataset", kind="fastload"),
+        _row("sequential read, cold", 25_000, stage="disk", kind="limit"),
+    ]
+    text = bench.verdict(rows, {"ram_bytes": 10**11, "uint8_bytes": 10**12})
+    assert "a cold epoch delivers 20,000 img/s, the disk reads 25,000 img/s sequentially" in text
+    assert text.endswith("the narrowest stage is the disk (the store does not fit in RAM), at 25,000 img/s.")
 
 
 @pytest.mark.parametrize(

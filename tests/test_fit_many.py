@@ -130,6 +130,7 @@ def test_patience_stops_a_run_that_stops_improving(store_path, monkeypatch):
         ([dict(name="a"), dict(name="a")], {}, "run name 'a' must be unique"),
         ([dict(name="../x")], {}, "run name '../x'"),
         ([dict(backbone="vgg")], {}, "run run0: backbone must be one of"),
+        ([dict(num_features=10**8)], {}, "run run0: num_features must be between 1 and 4096"),
         ([dict()], {"checkpoint": "/nonexistent/folder"}, "its parent /nonexistent does not exist"),
         ([dict()], {"resume": "/nonexistent/folder"}, "must be an existing folder"),
     ],

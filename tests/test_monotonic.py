@@ -1137,6 +1137,23 @@ def test_bad_arguments_raise_value_error(build, message):
 
 
 @pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Lattice([1000] * 4, [0] * 4),
+        lambda: Lattice([2] * 40, [0] * 40),
+        lambda: LatticeEnsemble(8, 4, 4, 100, [0] * 8),
+        lambda: MonotonicRegressor(num_features=10**8),
+        lambda: MonotonicRegressor(lattice_size=1000),
+    ],
+    ids=["lattice-size-1000", "40-dimensions", "ensemble-size-100", "10**8-features", "regressor-size-1000"],
+)
+def test_a_lattice_past_the_size_limit_is_refused_before_it_is_built(build):
+    # Each would allocate from gigabytes to terabytes; the count is made from the sizes first.
+    with pytest.raises(ValueError, match=r"would build tables of .* entries .* \(MAX_LATTICE_ENTRIES\)"):
+        build()
+
+
+@pytest.mark.parametrize(
     ("module", "x"),
     [
         (PWLCalibrator(4, 0.0, 1.0), torch.rand(5, 2)),

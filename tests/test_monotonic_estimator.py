@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_checkpoints import disk_full_at
 from test_monotonic import _exact_columns, _one_thread, _randomize  # noqa: F401 (an autouse fixture)
 
 from fastload.monotonic import Lattice, LatticeClassifier, LatticeRegressor, plot_calibrators
@@ -401,6 +402,57 @@ def test_load_refuses_a_model_without_the_expected_constraints(tmp_path):
         LatticeRegressor.load(tmp_path / "m.pt", features={"x0": "increasing", "x1": "decreasing"})
     with pytest.raises(ValueError, match="declares 'age'"):
         LatticeRegressor.load(tmp_path / "m.pt", features={"age": "increasing"})
+
+
+def test_a_full_disk_during_save_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    X, y = _table(60)
+    model = LatticeRegressor(max_iter=2).fit(X, y)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    before = path.read_bytes()
+    disk_full_at(monkeypatch, 1)
+    with pytest.raises(OSError, match=rf"cannot write the model file {path}: No space left on device$"):
+        model.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"] and path.read_bytes() == before
+
+
+def _ensemble_file(tmp_path, **params):
+    """A saved regressor: over 3 features, one lattice (1, 2, 2, 2); over 5 features with
+    lattice_rank 2, an ensemble of 5 lattices (5, 2, 2)."""
+    columns = 5 if params.get("lattice_rank") == 2 else 3
+    X = np.random.default_rng(0).uniform(0, 1, (60, columns))
+    LatticeRegressor(max_iter=2, **params).fit(X, X.sum(1)).save(tmp_path / "m.pt")
+    return tmp_path / "m.pt"
+
+
+@pytest.mark.parametrize(
+    ("params", "edit", "message"),
+    [
+        (
+            {},
+            {"lattice_size": 150},
+            r"lattice_size 150 declares lattices of shape \(1, 150, 150, 150\), but its "
+            r"parameters hold \(1, 2, 2, 2\)",
+        ),
+        ({}, {"lattice_size": 3}, r"lattice_size 3 declares lattices of shape \(1, 3, 3, 3\)"),
+        ({}, {"lattice_rank": 1}, r"lattice_rank 1 declares lattices of shape \(6, 2\)"),
+        (
+            {"lattice_rank": 2},
+            {"num_lattices": 10**6},
+            r"num_lattices 1000000 declares lattices of shape \(1000000, 2, 2\)",
+        ),
+        ({"kind": "linear"}, {"kind": "lattice"}, "its kind 'lattice' declares lattices, but it holds none"),
+        ({}, {"lattice_size": "big"}, "lattice_size 'big' is not a positive integer"),
+    ],
+    ids=["lattice_size-150", "lattice_size-3", "lattice_rank", "num_lattices", "kind", "not-a-number"],
+)
+def test_a_file_declaring_other_sizes_than_it_holds_is_refused_before_building(
+    tmp_path, params, edit, message
+):
+    path = _ensemble_file(tmp_path, **params)
+    _tamper(path, lambda d: d["params"].update(edit))
+    with pytest.raises(ValueError, match=rf"^{path}: .*{message}"):
+        LatticeRegressor.load(path)
 
 
 def test_load_runs_no_code_from_the_file(tmp_path):

@@ -85,28 +85,107 @@ def test_large_part_reads_a_store_cold_in_every_order(tmp_path):
     assert set(large["x_sequential_read"]) == {"read", "sequential", "block", "random"}
 
 
-@pytest.mark.slow
+def _python3_only_path(tmp_path):
+    """A PATH whose only Python is `python3` (this interpreter), as on a stock GPU machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+def _device_check(out, env, timeout):
+    return subprocess.run(
+        ["bash", str(BENCHES / "device_check.sh"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHON", "STEPS", "BUDGET")} | env,
+    )
+
+
+def test_device_check_runs_with_python3_alone_and_writes_each_step_as_it_ends(tmp_path):
+    # #25: on the GPU machine there was no `python`, only `python3`.
+    out = tmp_path / "out"
+    env = {"DEVICE": "cpu", "STEPS": "setup,to_device", "BUDGET": "200", "PATH": _python3_only_path(tmp_path)}
+    done = _device_check(out, env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.glob("*.log")) == ["01-setup.log", "02-to_device.log"]
+    machine = json.loads((out / "machine.json").read_text())
+    assert machine["python"] == ".".join(map(str, sys.version_info[:3]))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"] and [s["step"] for s in summary["steps"]] == ["setup", "to_device"]
+    assert summary["to_device"]["epoch_1"]["mismatched_records"] == 0
+
+
+def test_device_check_summary_names_failed_tests_and_steps_cut_short(tmp_path):
+    # A pytest killed by the budget writes no junit XML: its -v log still names each outcome.
+    (tmp_path / "steps.tsv").write_text(
+        "step\tstatus\texit\tseconds\nsetup\tpassed\t0\t8\nsuite\ttimed out after 90 s\t124\t90\n"
+        "augment\tskipped: budget\t\t0\n"
+    )
+    (tmp_path / "02-suite.log").write_text(
+        "tests/test_a.py::test_one PASSED [ 10%]\n"
+        "tests/test_a.py::test_two[pack {images} {store}] FAILED [ 20%]\n"
+        "[gw1] [ 30%] ERROR tests/test_b.py::test_three \n"
+        "[gw0] [ 40%] SKIPPED tests/test_b.py::test_cuda_four \n"
+        "tests/test_c.py::test_five[train {missing}] "
+    )
+    done = subprocess.run(
+        [sys.executable, str(BENCHES / "device_check_summary.py"), str(tmp_path), "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    failed = (tmp_path / "failed-tests.txt").read_text().splitlines()
+    assert failed == [
+        "suite: tests/test_a.py::test_two[pack {images} {store}]",
+        "suite: tests/test_b.py::test_three",
+    ]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tests"]["suite"]["unfinished"] == ["tests/test_c.py::test_five[train {missing}]"]
+    problems = summary["problems"]
+    assert any("step suite: timed out after 90 s" in p for p in problems)
+    assert any("step augment: skipped: budget" in p for p in problems)
+    assert any("skipped for want of CUDA" in p and "test_cuda_four" in p for p in problems)
+
+
+@pytest.mark.slow  # ~8 minutes on 2 busy cores
 def test_device_check_dry_run_on_cpu_writes_every_figure(tmp_path):
-    out = tmp_path / "device.json"
-    env = {**os.environ, "DEVICE": "cpu"}
-    subprocess.run(["bash", str(BENCHES / "device_check.sh"), str(out)], check=True, env=env, timeout=600)
-    report = json.loads(out.read_text())
-    assert report["passed"] and report["device"] == "cpu" and report["tests"]["passed"] > 0
+    out = tmp_path / "out"
+    env = {"DEVICE": "cpu", "BUDGET": "540", "STEPS": ",".join(DRY_RUN_STEPS)}
+    done = _device_check(out, env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "summary.json").read_text())
+    assert report["passed"] and report["device"] == "cpu" and report["tests"]["cuda_tests"]["passed"] > 0
+    assert [s["step"] for s in report["steps"]] == list(DRY_RUN_STEPS)
     assert report["to_device"]["epoch_1"]["mismatched_records"] == 0
-    assert {row["stage"] for row in report["bench"]["figures"]} == {"dataset"}
+    assert {row["method"].split(",")[0] for row in report["bench"]["figures"]} >= {"memcpy", "Store.gather"}
     assert report["train"] and all(line["device"] == "cpu" for line in report["train"])
+    for name in ("fit_many_cuda", "fill_gpu", "fill_gpu_bf16"):
+        assert report[name] and not any(line.endswith("failed") for line in report[name]), name
+
+
+DRY_RUN_STEPS = (
+    "setup",
+    "cuda_tests",
+    "fit_many_cuda",
+    "bench",
+    "to_device",
+    "train_bf16",
+    "fill_gpu",
+    "fill_gpu_bf16",
+    "augment",
+)
 
 
 @pytest.mark.slow  # ~30 s on 2 busy cores: three interpreters import torch
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_device_check_fails_loudly_without_cuda(tmp_path):
-    done = subprocess.run(
-        ["bash", str(BENCHES / "device_check.sh"), str(tmp_path / "device.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "DEVICE": "cuda"},
-    )
+    done = _device_check(tmp_path / "out", {"DEVICE": "cuda"}, timeout=120)
     assert done.returncode == 1
-    assert "FAILED: CUDA is not available" in done.stderr
-    assert not (tmp_path / "device.json").exists()
+    assert "FAILED: setup" in done.stderr and "CUDA is not available" in done.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert not summary["passed"] and summary["steps"] == [
+        {"step": "setup", "status": "failed", "exit": "1", "seconds": summary["steps"][0]["seconds"]}
+    ]

@@ -170,6 +170,26 @@ def test_gather_rejects_wrong_out(store_path, out, error, match):
         s.gather([0, 1], out=out)
 
 
+def test_copy_in_order_copies_consecutive_records_into_one_reused_batch(store_path):
+    # fastload bench's copy limit: gather's copy of records first.. in order, a batch at a time.
+    path, images = store_path
+    s = Store(path)
+    batch = np.zeros((3, 6, 5, 3), np.uint8)
+    s.copy_in_order(2, 3, batch)
+    np.testing.assert_array_equal(batch, images[2:5])
+    s.copy_in_order(15, 5, batch)  # batches 15-17, then 18-19 over the first two slots
+    np.testing.assert_array_equal(batch, images[[18, 19, 17]])
+    for first, count, out, match in [
+        (18, 3, batch, "run past the store's 20 records"),
+        (-1, 3, batch, "non-negative integers"),
+        (0, 1, np.zeros(89, np.uint8), "whole number of 90-byte images"),
+        (0, 1, np.zeros((1, 6, 5, 3), np.float32), "uint8"),
+        (0, 1, np.frombuffer(bytes(90), np.uint8), "writable"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            s.copy_in_order(first, count, out)
+
+
 def test_gather_rejects_bad_indices(store_path):
     s = Store(store_path[0])
     with pytest.raises(IndexError, match="out of range"):

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from fastload import cli
-from fastload.monotonic import check_monotone
+from fastload.monotonic import MonotonicRegressor, check_monotone
 from fastload.store import Store, StoreWriter
 from fastload.train import TrainConfig, fit, prepare_images
+from fastload.train.classifier import MonotonicClassifier
 from fastload.train.data import DataStream, open_data
+from fastload.train.trainer import channels_last_convolutions
 
 COUNT, SIDE = 200, 16
 # One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region
@@ -152,6 +154,24 @@ def test_cuda_with_bf16_reports_gpu_memory(store_path):
     metrics = result.history[-1]
     assert metrics["device"].startswith("cuda") and metrics["gpu_max_memory_bytes"] > 0
     assert math.isfinite(metrics["val_rmse"]) and 0 <= metrics["data_wait_fraction"] <= 1
+
+
+@pytest.mark.parametrize(
+    "model", [MonotonicRegressor(), MonotonicClassifier(3)], ids=["regressor", "classifier"]
+)
+def test_the_cuda_layout_reorders_the_convolutions_only(model):
+    # On CUDA the trainer stores its model channels_last. model.to(memory_format=channels_last)
+    # refused the default model's 5-d lattice vertices (4 x 3 x 3 x 3 x 3), so every CUDA run,
+    # `fastload train --runs 4 --device cuda` included, failed before its first step (#25).
+    model.eval()
+    x = torch.rand(4, 3, SIDE, SIDE)
+    before = model(x)
+    assert channels_last_convolutions(model) is model
+    convolutions = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convolutions and all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
+    others = [p for p in model.parameters() if all(p is not w for w in convolutions)]
+    assert any(p.dim() == 5 for p in others) and all(p.is_contiguous() for p in others)
+    torch.testing.assert_close(model(x), before)
 
 
 # ---------------------------------------------------------------- bad input

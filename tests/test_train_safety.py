@@ -165,6 +165,9 @@ BAD_OPTIONS = [
     ({"val_fraction": 0.0}, r"val_fraction must be between 0 and 1 \(exclusive\)"),
     ({"val_fraction": 1.0}, "val_fraction must be between 0 and 1"),
     ({"val_fraction": float("nan")}, "val_fraction must be between 0 and 1"),
+    ({"num_features": 100_000_000}, "num_features must be between 1 and 4096"),
+    ({"lattice_size": 1000}, "lattice_size must be between 2 and 32"),
+    ({"num_features": 4096, "lattice_size": 8}, "num_features 4096 with lattice_size 8: 2,048 lattices"),
 ]
 
 
@@ -213,6 +216,8 @@ def test_a_batch_too_large_for_ram_is_refused_before_data_is_read(store_path, mo
         ("--checkpoint-every", "0", "argument --checkpoint-every: must be at least 1"),
         ("--val-fraction", "1.5", "argument --val-fraction: must be between 0 and 1"),
         ("--workers", "many", "argument --workers: invalid int value: 'many'"),
+        ("--num-features", "100000000", "argument --num-features: must be between 1 and 4096"),
+        ("--lattice-size", "1000", "argument --lattice-size: must be between 2 and 32"),
     ],
 )
 def test_cli_out_of_bounds_options_are_usage_errors(flag, value, message, store_path, capsys):

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::to_py;
-use crate::gather::{gather, resolve_indices};
+use crate::gather::{copy_in_order, gather, resolve_indices};
 use crate::store::Store;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -153,6 +153,23 @@ impl CoreStore {
             gather(&store, &records, images, labels)
         })
         .map_err(to_py)
+    }
+
+    /// Copies records `first..first + count` in order, a batch at a time, into `batch` (a whole
+    /// number of images, reused for every batch), GIL released: the bench's memory limit.
+    fn copy_in_order(
+        &self,
+        py: Python<'_>,
+        first: usize,
+        count: usize,
+        mut batch: PyReadwriteArrayDyn<'_, u8>,
+    ) -> PyResult<()> {
+        let store = self.store()?;
+        let batch = batch
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("batch must be C-contiguous"))?;
+        py.detach(|| copy_in_order(&store, first, count, batch))
+            .map_err(to_py)
     }
 
     /// Hints the kernel to read these records ahead (madvise WILLNEED); out-of-range indices raise.

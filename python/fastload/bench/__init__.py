@@ -10,7 +10,9 @@ The parts: `runner` (`run`, the stage registry), `measure` (figures and their ti
 from fastload.bench.baselines import MemmapRecords
 from fastload.bench.machine import describe_machine
 from fastload.bench.report import (
+    LIMIT_TOLERANCE,
     TARGET_MIN_BYTES,
+    limit_problem,
     plot,
     print_report,
     report_lines,
@@ -26,6 +28,8 @@ __all__ = [
     "STAGES",
     "NOISY_SPREAD_PCT",
     "TARGET_MIN_BYTES",
+    "LIMIT_TOLERANCE",
+    "limit_problem",
     "parse_stages",
     "write_synthetic_store",
     "describe_machine",

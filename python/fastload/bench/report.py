@@ -26,9 +26,41 @@ def _reference(rows: List[dict], *methods: str) -> Optional[dict]:
 FASTLOAD_REFERENCE = ("FastLoadDataset, warm, random", "Store.gather, warm, random")
 
 
+# A loader figure above the copy limit by more than this factor (beyond run-to-run noise)
+# proves the limit was not measured as the loader copies: it is then no limit at all.
+LIMIT_TOLERANCE = 1.05
+
+
+def _fastest_memcpy(rows: List[dict]) -> Optional[dict]:
+    return max((r for r in rows if r["stage"] == "memcpy"), key=lambda r: r["images_per_s"], default=None)
+
+
+def limit_problem(rows: List[dict]) -> Optional[str]:
+    """Why the memcpy figure cannot be the machine's copy limit (a fastload figure exceeds it by
+    more than LIMIT_TOLERANCE), naming both; None when it holds or was not measured."""
+    memcpy = _fastest_memcpy(rows)
+    if memcpy is None:
+        return None
+    above = [
+        r
+        for r in rows
+        if r.get("kind") == "fastload" and r["images_per_s"] > LIMIT_TOLERANCE * memcpy["images_per_s"]
+    ]
+    if not above:
+        return None
+    fastest = max(above, key=lambda r: r["images_per_s"])
+    return (
+        f"the memcpy limit is wrong: {fastest['method']} delivers {_rate(fastest)}, "
+        f"{fastest['images_per_s'] / memcpy['images_per_s']:.2f}x the {_rate(memcpy)} of "
+        f'"{memcpy["method"]}", and a loader cannot copy faster than the machine copies, so that '
+        "figure is no limit and nothing is compared with it"
+    )
+
+
 def _memcpy_limit(rows: List[dict]) -> Optional[dict]:
-    """The faster of the memcpy figures: the machine's copy bandwidth."""
-    return max((r for r in rows if r["stage"] == "memcpy"), key=lambda r: r["gb_per_s"], default=None)
+    """The faster of the memcpy figures: the machine's copy bandwidth, unless a fastload figure
+    exceeds it (:func:`limit_problem`), when there is no limit to compare with."""
+    return None if limit_problem(rows) else _fastest_memcpy(rows)
 
 
 def _paired_ratio(row: dict, other: dict) -> Optional[float]:
@@ -88,6 +120,7 @@ def verdict(rows: List[dict], plan: dict) -> str:
     if loader is None:
         return "no fastload stage ran: nothing to compare the limits with"
     memcpy = _memcpy_limit(rows)
+    wrong_limit = limit_problem(rows)
     disk = _reference(rows, "sequential read, cold")
     cold = _reference(rows, "FastLoadDataset, cold, random", "Store.gather, cold, random")
     f32 = _reference(rows, "host-to-device, pinned float32")
@@ -101,6 +134,8 @@ def verdict(rows: List[dict], plan: dict) -> str:
             f", {100 * loader['images_per_s'] / memcpy['images_per_s']:.0f}% of the {_rate(memcpy)} memcpy limit"
         )
         path.append(("memory bandwidth", memcpy))
+    elif wrong_limit:
+        parts.append(wrong_limit)
     if f32 and u8:
         advice = "send uint8 (fastload.to_device converts on the GPU)"
         if u8["images_per_s"] < loader["images_per_s"]:

@@ -23,7 +23,15 @@ from fastload.bench.baselines import (
 )
 from fastload.bench.machine import describe_machine
 from fastload.bench.measure import Context, Figure, Plan, Skip, cold_note, run_rounds
-from fastload.bench.report import FASTLOAD_REFERENCE, plot, print_report, require_matplotlib, targets, verdict
+from fastload.bench.report import (
+    FASTLOAD_REFERENCE,
+    limit_problem,
+    plot,
+    print_report,
+    require_matplotlib,
+    targets,
+    verdict,
+)
 from fastload.bench.stages import (
     bench_dataset,
     bench_disk,
@@ -226,6 +234,11 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
     rows = [
         f.as_dict(memcpy.images_per_s if memcpy else None, ref.images_per_s if ref else None) for f in figures
     ]
+    wrong_limit = limit_problem(rows)
+    if wrong_limit:  # no figure is reported as a share of a limit that does not hold
+        memcpy = None
+        for row in rows:
+            row["vs_memcpy"] = None
     noisy = [
         f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
         "rerun on an idle machine (or with more --repeats) before trusting this figure"
@@ -245,5 +258,6 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
         "rows": rows,
         "fastload_reference": ref.method if ref else None,
         "memcpy_reference": memcpy.method if memcpy else None,
+        "limit_problem": wrong_limit,
         "warnings": noisy,
     }

@@ -20,17 +20,18 @@ import torch
 COPIES_IN_FLIGHT = 4
 
 
-def _use_count(tensor: torch.Tensor) -> int:
-    """Tensors (views included, NumPy views of them too) sharing `tensor`'s memory, plus one;
-    0 where this torch cannot tell, so buffers are then never reused."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    return count(tensor.untyped_storage()._cdata) if count else 0
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _storage_holders(tensor: torch.Tensor) -> int:
-    """Python references to `tensor`'s storage object, which the use count above does not
-    see: `images.untyped_storage()` kept alive alone still reaches the batch's bytes."""
-    return sys.getrefcount(tensor.untyped_storage())
+def _holders(tensor: torch.Tensor) -> Tuple[int, int]:
+    """Who reaches `tensor`'s memory: the tensors sharing its storage (views included, NumPy
+    and DLPack views of them too) plus one, and the Python references to its storage object,
+    which that count does not see (`images.untyped_storage()` kept alive alone still reaches
+    the batch). The use count is 0 where this torch cannot tell, so buffers are then never
+    reused."""
+    storage = tensor.untyped_storage()
+    use = _STORAGE_USE_COUNT(storage._cdata) if _STORAGE_USE_COUNT else 0
+    return use, sys.getrefcount(storage)
 
 
 def _memory(tensor: torch.Tensor) -> Tuple[int, int, bool]:
@@ -58,13 +59,8 @@ class Buffer:
         self.baseline = self._references()
         self.memory = self._memory()
 
-    def _references(self) -> Tuple[int, ...]:
-        return (
-            _use_count(self.images),
-            _use_count(self.labels),
-            _storage_holders(self.images),
-            _storage_holders(self.labels),
-        )
+    def _references(self) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        return _holders(self.images), _holders(self.labels)
 
     def _memory(self) -> Tuple[Tuple[int, int, bool], ...]:
         return _memory(self.images), _memory(self.labels)
@@ -72,8 +68,8 @@ class Buffer:
     def unreferenced(self, dying_images: int = 0) -> bool:
         """No tensor or storage object but ours uses the buffer, apart from `dying_images`
         images tensors whose finalizer is running."""
-        images, *others = self._references()
-        return self.baseline[0] > 0 and (images - dying_images, *others) == self.baseline
+        (images, image_storages), labels = self._references()
+        return self.baseline[0][0] > 0 and ((images - dying_images, image_storages), labels) == self.baseline
 
     def moved(self) -> bool:
         """Whether the images or labels no longer live in the memory the prefetcher was lent."""
@@ -88,8 +84,8 @@ def _dying_view_count() -> int:
     base = torch.empty(1)
     view = base[:]
     seen = []
-    weakref.finalize(view, lambda: seen.append(_use_count(base)))
-    alive = _use_count(base)
+    weakref.finalize(view, lambda: seen.append(_holders(base)[0]))
+    alive = _holders(base)[0]
     del view
     return seen[0] - (alive - 1) if seen and alive > 0 else -1
 

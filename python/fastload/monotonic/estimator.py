@@ -58,6 +58,7 @@ import copy
 import inspect
 import math
 import numbers
+import os
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastload.atomic import write_atomically
 from fastload.monotonic.layers import (
     _CURVATURES,
     CategoricalCalibrator,
@@ -332,16 +334,27 @@ class _TableModel(nn.Module):
             self.linear = MonotoneLinear(count, num_outputs, signs)
         # Each calibrator turns its feature the declared way, so the lattice increases in it.
         mono = [1 if f.monotonicity else 0 for f in features]
+        number, *sizes = self.lattice_shape(count, lattice_size, lattice_rank, num_lattices)
         lattices: List[nn.Module] = []
         for k in range(num_outputs if kind == "lattice" else 0):
             if count <= lattice_rank:
-                lattices.append(Lattice([lattice_size] * count, mono))
+                lattices.append(Lattice(sizes, mono))
             else:
-                number = num_lattices or math.ceil(2 * count / lattice_rank)
                 lattices.append(LatticeEnsemble(count, lattice_rank, number, lattice_size, mono, seed + k))
         self.lattices = nn.ModuleList(lattices)
         constraints = [[f.monotonicity, f.convexity, int(f.categorical), int(f.missing)] for f in features]
         self.register_buffer("constraints", torch.tensor(constraints, dtype=torch.int64))
+
+    @staticmethod
+    def lattice_shape(
+        count: int, lattice_size: int, lattice_rank: int, num_lattices: Optional[int]
+    ) -> Tuple[int, ...]:
+        """The shape of each output's lattice vertex parameter (``lattices.K.bank.raw``): one
+        lattice over the ``count`` features, or an ensemble of lattices over ``lattice_rank``
+        features each."""
+        if count <= lattice_rank:
+            return (1,) + (lattice_size,) * count
+        return (num_lattices or math.ceil(2 * count / lattice_rank),) + (lattice_size,) * lattice_rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, features) encoded values (category codes, NaN for missing) -> (N, num_outputs)."""
@@ -736,28 +749,28 @@ class _LatticeEstimator(BaseEstimator):
         """Writes the declaration, what fit learned and the parameters to ``path``: a torch file
         of plain values and tensors, which :meth:`load` reads with ``weights_only=True`` (NumPy
         scalars become Python's, a RandomState the seed fit drew from it; ValueError naming a
-        parameter that holds anything else)."""
+        parameter that holds anything else). Written whole or not at all (a temporary file
+        beside ``path``, renamed over it): a failed write (OSError "cannot write the model file
+        PATH: No space left on device") leaves the previous file intact."""
         self._check_fitted()
         names = getattr(self, "feature_names_in_", None)
         params = self.get_params(deep=False)
         if isinstance(params["random_state"], np.random.RandomState):
             params["random_state"] = self.seed_  # what fit drew from it
-        torch.save(
-            {
-                "format": _FORMAT,
-                "estimator": type(self).__name__,
-                "params": {name: _plain_param(value, name) for name, value in params.items()},
-                "features": [_saved_feature(f) for f in self.features_],
-                "feature_names_in": None if names is None else [str(n) for n in names],
-                "keypoints": self.keypoints_,
-                "categories": [None if c is None else [_plain(v) for v in c] for c in self.categories_],
-                "fitted": self._fitted_state(),
-                "n_iter": self.n_iter_,
-                "seed": self.seed_,
-                "state": self.model_.state_dict(),
-            },
-            path,
-        )
+        contents = {
+            "format": _FORMAT,
+            "estimator": type(self).__name__,
+            "params": {name: _plain_param(value, name) for name, value in params.items()},
+            "features": [_saved_feature(f) for f in self.features_],
+            "feature_names_in": None if names is None else [str(n) for n in names],
+            "keypoints": self.keypoints_,
+            "categories": [None if c is None else [_plain(v) for v in c] for c in self.categories_],
+            "fitted": self._fitted_state(),
+            "n_iter": self.n_iter_,
+            "seed": self.seed_,
+            "state": self.model_.state_dict(),
+        }
+        write_atomically(os.fspath(path), lambda f: torch.save(contents, f), "model file")
 
     @classmethod
     def load(cls, path: Union[str, Path], features: Optional[Dict[Union[str, int], Any]] = None):
@@ -801,10 +814,49 @@ class _LatticeEstimator(BaseEstimator):
         estimator.keypoints_, estimator.categories_ = data["keypoints"], data["categories"]
         estimator._restore(data["fitted"])
         estimator.n_iter_, estimator.seed_ = data["n_iter"], data["seed"]
+        estimator._check_declared_sizes(path, data["state"])
         model = estimator._build(estimator._num_outputs(), estimator.seed_)
-        model.load_state_dict(data["state"])  # refuses a state with other constraints
+        try:
+            model.load_state_dict(data["state"])  # refuses a state with other constraints
+        except RuntimeError as exc:
+            raise ValueError(f"{path}: its parameters do not fit its declaration ({exc})") from None
         estimator.model_ = model.eval()
         return estimator
+
+    def _check_declared_sizes(self, path, state: Dict[str, Any]) -> None:
+        """Refuses (ValueError naming the file and the parameter) a loaded declaration whose
+        lattices differ from the parameters stored with it: the sizes come from the file's
+        parameters and are checked before anything is built, so an altered ``lattice_size``
+        cannot make :meth:`load` allocate more than the file holds."""
+        if self.kind != "lattice":
+            return  # the linear model's size follows from the features, which the file lists
+        fields = {"lattice_size": self.lattice_size, "lattice_rank": self.lattice_rank}
+        fields["num_lattices"] = self.num_lattices
+        for name, value in fields.items():
+            if not (value is None and name == "num_lattices") and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+            ):
+                raise ValueError(f"{path}: {name} {value!r} is not a positive integer")
+        expected = _TableModel.lattice_shape(len(self.features_), *fields.values())
+        for k in range(self._num_outputs()):
+            held = state.get(f"lattices.{k}.bank.raw")
+            shape = tuple(held.shape) if isinstance(held, torch.Tensor) else None
+            if shape == expected:
+                continue
+            if shape is None:
+                raise ValueError(
+                    f"{path}: its kind 'lattice' declares lattices, but it holds none; the file was altered"
+                )
+            if len(shape) != len(expected):
+                field = "lattice_rank"
+            elif shape[1:] != expected[1:]:
+                field = "lattice_size"
+            else:
+                field = "num_lattices"
+            raise ValueError(
+                f"{path}: its {field} {fields[field]!r} declares lattices of shape {expected}, but its "
+                f"parameters hold {shape} for output {k}; the file was altered"
+            )
 
 
 _CONSTRAINT_WORDS = {

@@ -97,9 +97,18 @@ __all__ = [
     "MonotoneLinear",
     "MonotonicRegressor",
     "PWLCalibrator",
+    "MAX_LATTICE_ENTRIES",
     "check_finite_parameters",
+    "check_lattice_size",
     "check_monotone",
 ]
+
+# The most entries a lattice layer may build in one table: every vertex's coordinates while it
+# is initialised (num_lattices x prod(sizes) x D) or the index of each cell's 2^D corners
+# (prod(sizes) x 2^D, int64). At the limit that is a 128 MB index, or at most 4M float32 vertex
+# values (64 MB with their gradient and AdamW's moments): far beyond any lattice that trains,
+# and refused before anything is allocated.
+MAX_LATTICE_ENTRIES = 2**24
 
 # Bounded modules start with outputs covering this central part of (output_min, output_max),
 # away from the flat tails of the sigmoid.
@@ -567,6 +576,31 @@ class MonotoneLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
+def check_lattice_size(sizes: Sequence[int], num_lattices: int = 1, what: str = "lattice") -> None:
+    """Refuses (ValueError) ``num_lattices`` lattices of ``sizes`` whose tables would pass
+    ``MAX_LATTICE_ENTRIES``, counted from the sizes before anything is allocated."""
+    dims = len(sizes)
+    # Each size is at least 2, so past 64 dimensions the count is not worth computing exactly.
+    vertices = math.prod(sizes) if dims <= 64 else None
+    entries = None if vertices is None else max(num_lattices * vertices * dims, vertices * 2**dims)
+    if entries is None or entries > MAX_LATTICE_ENTRIES:
+        shape = (
+            f"{dims} dimensions of size {sizes[0]}" if len(set(sizes)) == 1 else f"sizes {list(sizes)[:16]}"
+        )
+        count = f"{num_lattices:,} lattices" if num_lattices != 1 else "a lattice"
+        if entries is None:
+            amount = f"over 2^{2 * dims}"
+        elif entries < 10**15:
+            amount = f"{entries:,}"
+        else:
+            amount = f"about 10^{len(str(entries)) - 1}"
+        raise ValueError(
+            f"{what}: {count} of {shape} would build tables of {amount} entries (every vertex's "
+            f"coordinates, or each cell's 2^dimensions corners), more than the {MAX_LATTICE_ENTRIES:,} a lattice layer may "
+            "build (MAX_LATTICE_ENTRIES); use a smaller lattice size, fewer inputs per lattice or fewer lattices"
+        )
+
+
 class _LatticeBank(nn.Module):
     """``len(monotone)`` lattices of equal sizes, interpolated together in one vectorised pass.
 
@@ -719,6 +753,7 @@ class Lattice(nn.Module):
         sizes = [int(s) for s in lattice_sizes]
         if not sizes or min(sizes) < 2:
             raise ValueError(f"lattice_sizes must be a non-empty list of ints >= 2, got {sizes}")
+        check_lattice_size(sizes, 1, "Lattice")
         mono = _check_monotonicities(monotonicities, (-1, 0, 1), len(sizes), "monotonicities")
         self.lattice_sizes, self.monotonicities = tuple(sizes), tuple(mono)
         self.bank = _LatticeBank(sizes, [[m != 0 for m in mono]], output_min, output_max)
@@ -800,6 +835,7 @@ class LatticeEnsemble(nn.Module):
             raise ValueError(
                 f"num_lattices * lattice_rank = {num_lattices * lattice_rank} cannot cover {num_inputs} inputs"
             )
+        check_lattice_size([lattice_size] * lattice_rank, num_lattices, "LatticeEnsemble")
         mono = _check_monotonicities(monotonicities, (-1, 0, 1), num_inputs, "monotonicities")
         self.num_inputs, self.monotonicities = num_inputs, tuple(mono)
         self._draw = functools.partial(_draw_subsets, num_inputs, lattice_rank, num_lattices, mono, seed)
@@ -901,21 +937,33 @@ class MonotonicRegressor(nn.Module):
             raise ValueError(
                 f"monotone_input_range has {len(ranges)} pairs for {monotone_inputs} monotone inputs"
             )
+        num_inputs = num_features + monotone_inputs
+        sizes, count = self.lattice_layout(num_inputs, lattice_size, lattice_rank, num_lattices)
+        check_lattice_size(sizes, count, "MonotonicRegressor")  # before any part is built
         self.num_features, self.num_monotone, self.lattice_size = num_features, monotone_inputs, lattice_size
         self.backbone = backbone if backbone is not None else _SmallCNN(in_channels, num_features)
         self.input_calibrators = nn.ModuleList(
             PWLCalibrator(num_keypoints, low, high, 1, 0.0, lattice_size - 1.0) for low, high in ranges
         )
-        num_inputs = num_features + monotone_inputs
         monotonicities = [0] * num_features + [1] * monotone_inputs
         if num_inputs <= lattice_rank:
-            self.lattice = Lattice([lattice_size] * num_inputs, monotonicities, 0.0, 1.0)
+            self.lattice = Lattice(sizes, monotonicities, 0.0, 1.0)
         else:
-            count = num_lattices or math.ceil(2 * num_inputs / lattice_rank)
             self.lattice = LatticeEnsemble(
                 num_inputs, lattice_rank, count, lattice_size, monotonicities, seed, 0.0, 1.0
             )
         self.output_calibrator = PWLCalibrator(num_keypoints, 0.0, 1.0, 1, output_min, output_max)
+
+    @staticmethod
+    def lattice_layout(
+        num_inputs: int, lattice_size: int, lattice_rank: int = 4, num_lattices: Optional[int] = None
+    ) -> Tuple[List[int], int]:
+        """(each lattice's sizes, how many lattices) the regressor builds for ``num_inputs``
+        lattice inputs (image features and monotone inputs): one lattice over all of them, or an
+        ensemble of lattices over ``lattice_rank`` each."""
+        if num_inputs <= lattice_rank:
+            return [lattice_size] * num_inputs, 1
+        return [lattice_size] * lattice_rank, num_lattices or math.ceil(2 * num_inputs / lattice_rank)
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
         """Backbone features squashed into the lattice domain, shape (N, num_features)."""

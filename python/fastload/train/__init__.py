@@ -20,9 +20,9 @@ import torch
 
 from fastload.inspect import machine_memory
 from fastload.store import PathLike, Store
-from fastload.train.checkpoint import load_checkpoint, store_fingerprint
+from fastload.train.checkpoint import load_checkpoint, load_group, store_fingerprint
 from fastload.train.classifier import MonotonicClassifier
-from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device
+from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
 from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
 from fastload.train.trainer import (
@@ -117,8 +117,10 @@ def fit_many(
     the others. A run whose
     parameters stop being finite, or whose validation RMSE (cross-entropy when classifying) has
     not improved for ``patience`` epochs, stops alone: its result says why (``stopped``) and its log gets a line. ``checkpoint``
-    is a folder: one checkpoint ``<name>.ckpt`` per run; ``resume`` is such a folder, every run's
-    checkpoint at the same dataset position. Refused before any training (ValueError): a bad
+    is a folder: one checkpoint ``<name>.ckpt`` per run, the runs due at a save point saved
+    together, all or nothing; ``resume`` is such a folder, every run resuming from the same
+    dataset position (after a save interrupted among its renames, the last one all runs saved:
+    docs/RELIABILITY.md, "Group checkpoints"). Refused before any training (ValueError): a bad
     option (named with its run), duplicate or unsafe names, and runs whose parameters and
     optimizer state (``FitResult.state_bytes``) do not fit the device's memory together.
     A missing ``checkpoint`` folder is created (one level, as ``mkdir``; its parent must exist).
@@ -150,15 +152,14 @@ def fit_many(
             configs.append(dataclasses.replace(base, **run, **paths))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"run {name}: {exc}") from None
-    saved = [load_checkpoint(c.resume) if c.resume is not None else None for c in configs]
-    positions = {(s["epoch"], s["step"], str(s["partial"] and s["partial"]["dataset"])) for s in saved if s}
-    if len(positions) > 1 or (positions and None in saved):
-        steps = ["no checkpoint" if s is None else f"step {s['step']}" for s in saved]
-        where = ", ".join(f"{name}: {step}" for name, step in zip(names, steps))
-        raise ValueError(
-            f"resume {folders['resume']}: the runs' checkpoints stopped at different places ({where}); "
-            "resume the runs that stopped together"
-        )
+    saved: List[Optional[dict]] = [None] * len(configs)
+    if folders["resume"] is not None:
+        repair = folders["checkpoint"] is not None and same_file(folders["resume"], folders["checkpoint"])
+        chosen = load_group(folders["resume"], [c.resume for c in configs], names, repair)
+        for i, (path, checkpoint) in enumerate(chosen):
+            saved[i] = checkpoint
+            if path != configs[i].resume:  # a .previous file: messages name the file read
+                configs[i] = dataclasses.replace(configs[i], resume=path)
     data = open_data(configs[0], saved[0])
     with torch_settings(base):
         stream = DataStream(base, data)

@@ -1,79 +1,29 @@
 """Training checkpoints: written atomically (a locked temporary file beside the checkpoint, fsync,
-``os.replace``), read back, and tied to the stores they were trained on by a fingerprint; the
-random generators' states they carry so a resumed run draws what the stopped run would have."""
+``os.replace``; a ``fit_many`` group's all together), read back and checked, and tied to the
+stores they were trained on by a fingerprint; the random generators' states they carry so a
+resumed run draws what the stopped run would have."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import errno
 import hashlib
+import math
 import os
 import random
 import struct
-from typing import Tuple
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from fastload.atomic import check_writable, previous_path, write_together
 from fastload.store import PathLike, Store, _fspath
-from fastload.train.task import REGRESSION
+from fastload.train.task import PATIENCE_FIGURES, REGRESSION
 
 CHECKPOINT_FORMAT = "fastload-train-checkpoint-1"
-PARTIAL_SUFFIX = ".fastload-partial"  # as the store writer's temporary files
 HEADER_SIZE = 4096  # docs/FORMAT.md: the header page, ending with its own checksum
 CHECKSUM_SECTION_FIELD = 80  # docs/FORMAT.md: offset and length (u64 each) of the record checksums
-
-
-def _partial_prefix(path: str) -> Tuple[str, str]:
-    directory, name = os.path.split(os.path.abspath(path))
-    return directory, f".{name}."
-
-
-def _remove_stale_partials(path: str) -> None:
-    """Removes the temporary files left beside ``path`` by runs that died while saving: those
-    whose lock nobody holds (a live save holds the lock on its own until it is renamed)."""
-    directory, prefix = _partial_prefix(path)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if not (name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX)):
-            continue
-        partial = os.path.join(directory, name)
-        try:
-            fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(partial)
-        except OSError:
-            pass  # held by a live save, or already gone
-        finally:
-            os.close(fd)
-
-
-def _open_partial(path: str) -> Tuple[int, str]:
-    """A new temporary file ``.NAME.<random>.fastload-partial`` beside ``path``, created with
-    O_EXCL and locked (flock) for as long as the descriptor is open. Errors name ``path``."""
-    directory, prefix = _partial_prefix(path)
-    while True:
-        partial = os.path.join(directory, f"{prefix}{os.urandom(8).hex()}{PARTIAL_SUFFIX}")
-        try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise OSError(
-                exc.errno, f"cannot create a file beside the checkpoint {path}: {exc.strerror}"
-            ) from None
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        # Another run's cleanup may have removed it between creation and lock: start again.
-        with contextlib.suppress(OSError):
-            if os.stat(partial).st_ino == os.fstat(fd).st_ino:
-                return fd, partial
-        os.close(fd)
 
 
 def check_checkpoint_path(path: str) -> None:
@@ -82,36 +32,19 @@ def check_checkpoint_path(path: str) -> None:
         raise ValueError(f"checkpoint {path}: its directory does not exist")
     if os.path.isdir(path):
         raise ValueError(f"checkpoint {path} is a directory")
-    _remove_stale_partials(path)
-    fd, partial = _open_partial(path)
-    os.unlink(partial)
-    os.close(fd)
+    check_writable(path, "checkpoint")
 
 
-def save_atomically(obj: dict, path: str) -> None:
-    """torch.save into a locked temporary file beside ``path``, fsync, then rename over it: a
-    crash leaves either the previous checkpoint or the new one, never half of one, and the
-    next save removes the temporary file of a run killed while saving."""
-    _remove_stale_partials(path)
-    fd, partial = _open_partial(path)
-    try:
-        with os.fdopen(fd, "wb") as f:  # closing it releases the lock, after the rename
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(partial, path)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
-        if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
-        raise
-    with contextlib.suppress(OSError):  # the rename itself survives a power loss
-        directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+def save_group(checkpoints: Sequence[Tuple[str, Callable[[], dict]]]) -> None:
+    """Writes each checkpoint (its path, and a function making its contents) as one change
+    (:func:`~fastload.atomic.write_together`): every file is written and fsynced before any
+    is renamed, so a failed write (a full disk: OSError "cannot write the checkpoint PATH: No
+    space left on device") leaves the previous set whole, and a crash among the renames leaves
+    a set :func:`load_group` resumes from. One checkpoint is written atomically on its own."""
+    if checkpoints:
+        write_together(
+            [(path, lambda f, make=make: torch.save(make(), f)) for path, make in checkpoints], "checkpoint"
+        )
 
 
 def store_fingerprint(store: Store) -> str:
@@ -148,10 +81,17 @@ def check_same_stores(resume: str, saved: dict, stores: dict) -> None:
             )
 
 
+def invalid_checkpoint(path: str, what: str) -> ValueError:
+    """The error for a checkpoint whose contents are not what fastload writes."""
+    return ValueError(f"not a valid fastload checkpoint: {path}: {what}")
+
+
 def load_checkpoint(path: PathLike) -> dict:
-    """The checkpoint at ``path``, its config completed as a current one reads: a config without
-    a ``task`` (written before classification existed, when every run was a regression) gets
-    ``"task": "regression"``, so it resumes as the run it was."""
+    """The checkpoint at ``path``, its structure checked (ValueError "not a valid fastload
+    checkpoint: PATH: what is wrong"), its config completed as a current one reads: a config
+    without a ``task`` (written before classification existed, when every run was a regression)
+    gets ``"task": "regression"``, so it resumes as the run it was. What the checkpoint must
+    match of the run resuming it (its model's parameters, its steps per epoch) the trainer checks."""
     path = _fspath(path, "resume")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -161,8 +101,209 @@ def load_checkpoint(path: PathLike) -> dict:
         raise ValueError(f"{path}: not a readable fastload training checkpoint ({exc})") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a fastload training checkpoint ({CHECKPOINT_FORMAT})")
+    problem = _structure_problem(checkpoint)
+    if problem is not None:
+        raise invalid_checkpoint(path, problem)
     checkpoint["config"] = {"task": REGRESSION, **checkpoint["config"]}
     return checkpoint
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _structure_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the parts of a checkpoint that are read before the model is built
+    (its types, counts and random states), or None."""
+    for key, kind in (
+        ("config", dict),
+        ("model", dict),
+        ("optimizer", dict),
+        ("scaler", dict),
+        ("history", list),
+        ("rng", dict),
+    ):
+        if key not in checkpoint:
+            return f"it has no {key}"
+        if not isinstance(checkpoint[key], kind):
+            return f"its {key} is a {type(checkpoint[key]).__name__}, not a {kind.__name__}"
+    config, epoch, step = checkpoint["config"], checkpoint.get("epoch"), checkpoint.get("step")
+    if not all(isinstance(name, str) for name in config):
+        return "its config has keys that are not names"
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["model"].items()):
+        return "its model holds something other than named tensors"
+    for name, value in (("epoch", epoch), ("step", step)):
+        if not _is_count(value):
+            return f"{name} {value!r} is not a count (a whole number >= 0)"
+    history = checkpoint["history"]
+    if len(history) != epoch:
+        return f"epoch {epoch} disagrees with its history of {len(history)} epochs"
+    task = config.get("task", REGRESSION)
+    if task not in PATIENCE_FIGURES:
+        return f"its task {task!r} is none of {', '.join(PATIENCE_FIGURES)}"
+    figure = PATIENCE_FIGURES[task][0]
+    for i, metrics in enumerate(history):
+        if not (isinstance(metrics, dict) and metrics.get("epoch") == i + 1 and figure in metrics):
+            return f"history entry {i} is not the metrics of epoch {i + 1}"
+    return _stores_problem(checkpoint) or _partial_problem(checkpoint) or _rng_problem(checkpoint["rng"])
+
+
+def _stores_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the fingerprints of the stores a checkpoint was trained on, or None."""
+    if "stores" not in checkpoint:
+        return None  # written before fingerprints were recorded
+    stores = checkpoint["stores"]
+
+    def fingerprinted(store: Any) -> bool:
+        return isinstance(store, dict) and all(isinstance(store.get(k), str) for k in ("path", "fingerprint"))
+
+    if not isinstance(stores, dict) or set(stores) != {"store", "validation store"}:
+        return "its stores are not the store and the validation store"
+    if not fingerprinted(stores["store"]) or not (
+        stores["validation store"] is None or fingerprinted(stores["validation store"])
+    ):
+        return "its stores are not a path and a fingerprint each"
+    return None
+
+
+def _partial_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the position of a checkpoint written mid-epoch, or None."""
+    if "partial" not in checkpoint:
+        return "it has no partial"
+    partial = checkpoint["partial"]
+    if partial is None:
+        return None  # written at the end of an epoch
+    if (
+        not isinstance(partial, dict)
+        or not isinstance(partial.get("dataset"), dict)
+        or not isinstance(partial.get("meter"), dict)
+    ):
+        return "its partial epoch is not a dataset position and a meter"
+    dataset, meter = partial["dataset"], partial["meter"]
+    if not all(_is_count(dataset.get(key)) for key in ("seed", "epoch", "position")):
+        return f"its dataset position {dataset!r} is not three counts (seed, epoch, position)"
+    counts = all(_is_count(meter.get(key)) for key in ("samples", "steps"))
+    times = all(_is_seconds(meter.get(key)) for key in ("wait", "seconds"))
+    if not (counts and times and isinstance(meter.get("loss_sum"), float)):
+        return f"its partial epoch's meter {meter!r} is not counts, a loss sum and times"
+    if dataset["epoch"] != checkpoint["epoch"] or dataset["position"] != meter["steps"]:
+        return (
+            f"its partial epoch (epoch {dataset['epoch']}, batch {dataset['position']}, {meter['steps']} steps) "
+            f"is not the epoch after its {checkpoint['epoch']} finished ones"
+        )
+    data_seed = checkpoint["config"].get("data_seed", dataset["seed"])
+    if dataset["seed"] != data_seed:
+        return f"its dataset position has seed {dataset['seed']}, its config data_seed {data_seed}"
+    return None
+
+
+def _rng_problem(state: dict) -> Optional[str]:
+    """What is wrong with the random generators' states (as :func:`rng_state` writes them), or None."""
+    torch_state = state.get("torch")
+    expected = torch.get_rng_state()
+    if not (
+        isinstance(torch_state, torch.Tensor)
+        and torch_state.dtype == torch.uint8
+        and torch_state.shape == expected.shape
+    ):
+        return f"its torch random state is not {expected.numel()} bytes"
+    cuda = state.get("cuda")
+    if not (
+        isinstance(cuda, list) and all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8 for s in cuda)
+    ):
+        return "its CUDA random states are not a list of byte tensors"
+    numpy_state = state.get("numpy")
+    if not (
+        isinstance(numpy_state, list)
+        and len(numpy_state) == 5
+        and numpy_state[0] == "MT19937"
+        and isinstance(numpy_state[1], torch.Tensor)
+        and numpy_state[1].shape == (624,)
+        and isinstance(numpy_state[2], int)
+        and 0 <= numpy_state[2] <= 624
+        and isinstance(numpy_state[3], int)
+        and isinstance(numpy_state[4], float)
+    ):
+        return "its NumPy random state is not an MT19937 state"
+    python_state = state.get("python")
+    if not (
+        isinstance(python_state, list)
+        and len(python_state) == 626
+        and all(isinstance(w, int) and 0 <= w < 2**32 for w in python_state[:625])
+        and python_state[624] <= 624
+        and (python_state[625] is None or isinstance(python_state[625], float))
+    ):
+        return "its Python random state is not a Mersenne Twister state"
+    return None
+
+
+def position(checkpoint: dict) -> tuple:
+    """Where a checkpoint stopped (epoch, step and dataset position): a group's runs resume
+    together only from one position."""
+    partial = checkpoint["partial"]
+    return checkpoint["epoch"], checkpoint["step"], str(partial and partial["dataset"])
+
+
+def _load_if_present(path: str) -> Optional[dict]:
+    try:
+        return load_checkpoint(path)
+    except FileNotFoundError:
+        return None
+
+
+def load_group(
+    folder: str, paths: Sequence[str], names: Sequence[str], repair: bool
+) -> List[Tuple[str, dict]]:
+    """The checkpoints a ``fit_many`` group resumes from, one (path, checkpoint) per run, all at
+    one position: the runs' files when they agree. After a group save that stopped among its
+    renames (:func:`save_group`), some runs hold the new position and their ``.previous`` file
+    the old one: then every run resumes from the latest position all of them hold (a warning
+    says so) and, with ``repair`` (the folder is also the run's checkpoint folder), those
+    ``.previous`` files are renamed back into place. ValueError naming each run's step when the
+    runs share no position; FileNotFoundError when none has a checkpoint."""
+    current = [_load_if_present(path) for path in paths]
+    if all(c is not None for c in current) and len({position(c) for c in current}) == 1:
+        return list(zip(paths, current))
+    options = []
+    for path, checkpoint in zip(paths, current):
+        previous = _load_if_present(previous_path(path))
+        found = [(path, checkpoint)] if checkpoint is not None else []
+        options.append(found + ([(previous_path(path), previous)] if previous is not None else []))
+    if not any(options):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"resume {folder}: no checkpoint of these runs ({', '.join(os.path.basename(p) for p in paths)})",
+        )
+    common = set.intersection(*({position(c) for _, c in found} for found in options))
+    if not common:
+        where = ", ".join(
+            f"{name}: " + (" or ".join(f"step {c['step']}" for _, c in found) or "no checkpoint")
+            for name, found in zip(names, options)
+        )
+        raise ValueError(
+            f"resume {folder}: the runs' checkpoints stopped at different places ({where}); "
+            "resume the runs that stopped together"
+        )
+    latest = max(common, key=lambda p: p[:2])
+    chosen = [next((path, c) for path, c in found if position(c) == latest) for found in options]
+    warnings.warn(
+        f"resume {folder}: the group's last save was interrupted before every run's checkpoint was "
+        f"in place; every run resumes from step {latest[1]}, the last step all of them saved",
+        stacklevel=3,
+    )
+    if repair:
+        for i, ((path, checkpoint), run_path) in enumerate(zip(chosen, paths)):
+            if path != run_path:
+                try:
+                    os.replace(path, run_path)
+                    chosen[i] = (run_path, checkpoint)
+                except OSError:
+                    pass  # resumed from the .previous file all the same
+    return chosen
 
 
 def rng_state() -> dict:

@@ -16,6 +16,7 @@ from torch import nn
 
 from fastload.augment import Augment
 from fastload.inspect import machine_memory, usable_cores
+from fastload.monotonic.layers import MonotonicRegressor, check_lattice_size
 from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
 from fastload.store import PathLike, Store, _fspath, _is_int
 from fastload.train.checkpoint import check_checkpoint_path
@@ -25,6 +26,11 @@ from fastload.train.checkpoint import check_checkpoint_path
 MAX_THREADS, MAX_WORKERS, PER_CORE = 256, 64, 4
 MAX_LR = 10.0  # AdamW moves every parameter by about lr a step: beyond this it diverges at once
 MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB before any layer
+# Model options: the lattice ensemble over the image features has half as many lattices as there
+# are features, and one lattice over 4 inputs of size 32 already builds the largest table a lattice
+# layer may (MAX_LATTICE_ENTRIES); together they are checked against that table size too.
+MAX_NUM_FEATURES = 4096
+MAX_LATTICE_SIZE = 32
 # Host bytes a training step holds per image byte of its batch: the uint8 buffers in flight
 # (the one in use and the prefetched ones) and the float32 copy the model reads.
 BATCH_BYTES_PER_IMAGE_BYTE = 8
@@ -103,6 +109,10 @@ class TrainConfig:
             problem = None if value is None else option_problem(name, value)
             if problem:
                 raise ValueError(f"{name} {problem}")
+        sizes, count = MonotonicRegressor.lattice_layout(self.num_features, self.lattice_size)
+        check_lattice_size(
+            sizes, count, f"num_features {self.num_features} with lattice_size {self.lattice_size}"
+        )
         for name in ("seed", "data_seed"):
             value = getattr(self, name)
             if value is not None and not _is_int(value):
@@ -141,8 +151,12 @@ def _integer_bounds() -> dict:
         "batch_size": (1, None, ""),
         "max_steps": (1, None, ""),
         "patience": (1, None, ""),
-        "num_features": (1, None, ""),
-        "lattice_size": (2, None, ""),
+        "num_features": (1, MAX_NUM_FEATURES, "the most image features a model takes"),
+        "lattice_size": (
+            2,
+            MAX_LATTICE_SIZE,
+            "a lattice over 4 inputs of that size is the largest a lattice layer builds",
+        ),
         "checkpoint_every": (1, None, ""),
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
@@ -203,7 +217,8 @@ def resolve_device(device: Union[str, torch.device]) -> torch.device:
     return resolved
 
 
-def _same_file(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file or folder (by device and inode when both exist)."""
     try:
         return os.path.samefile(a, b)  # by device and inode: symlinks and hard links included
     except OSError:  # one does not exist (yet): the same file only where both lead to one place
@@ -224,7 +239,7 @@ def check_outputs(outputs: dict, inputs: dict) -> None:
             continue
         out = _fspath(out, out_name)
         for name, path in paths.items():
-            if _same_file(out, path):
+            if same_file(out, path):
                 raise ValueError(
                     f"{out_name} {out} is the {name} {path}: training would overwrite it; choose another path"
                 )

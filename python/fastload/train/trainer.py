@@ -32,7 +32,13 @@ from torch.func import functional_call, grad_and_value, vmap
 from fastload.monotonic import MonotonicRegressor, check_finite_parameters
 from fastload.options import BACKBONES
 from fastload.progress import Progress
-from fastload.train.checkpoint import CHECKPOINT_FORMAT, rng_state, save_atomically, set_rng_state
+from fastload.train.checkpoint import (
+    CHECKPOINT_FORMAT,
+    invalid_checkpoint,
+    rng_state,
+    save_group,
+    set_rng_state,
+)
 from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig
 from fastload.train.data import DataStream, EpochMeter, TrainingData
@@ -124,7 +130,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = build_model(self.config, backbone).to(self.device)
         if self.device.type == "cuda":
-            self.model = self.model.to(memory_format=torch.channels_last)
+            channels_last_convolutions(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
@@ -137,14 +143,45 @@ class Trainer:
         self.diverged: Optional[Diverged] = None
         self.state_bytes = model_state_bytes(self.model)
         if saved is not None:
-            self.model.load_state_dict(saved["model"])
-            self.optimizer.load_state_dict(saved["optimizer"])
-            self.scaler.load_state_dict(saved["scaler"])
-            self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
-            self.history = list(saved["history"])
-            set_rng_state(saved["rng"])
+            self._resume(saved, steps_per_epoch)
         if self.epoch < config.epochs:
             self.stopped = self._patience_stop()
+
+    def _resume(self, saved: dict, steps_per_epoch: int) -> None:
+        """Continues from the checkpoint ``saved`` (its structure checked by load_checkpoint),
+        after checking it against this run: its parameters against the model's, its optimizer
+        state against the parameters, its step against its epochs of ``steps_per_epoch`` steps."""
+        path = self.options.resume
+        problem = _state_problem(self.model.state_dict(), saved["model"])
+        if problem is not None:
+            raise invalid_checkpoint(path, f"model: {problem}")
+        within = saved["partial"]["meter"]["steps"] if saved["partial"] else 0
+        if saved["step"] != saved["epoch"] * steps_per_epoch + within:
+            raise invalid_checkpoint(
+                path,
+                f"step {saved['step']} is not where {saved['epoch']} epochs of {steps_per_epoch} steps "
+                f"and {within} more end",
+            )
+        if saved["epoch"] > self.options.epochs:
+            raise ValueError(
+                f"resume {path}: the checkpoint has finished {saved['epoch']} epochs, more than the "
+                f"{self.options.epochs} of this run; resume with epochs {saved['epoch']} or more"
+            )
+        self.model.load_state_dict(saved["model"])
+        for part, target in (("optimizer", self.optimizer), ("scaler", self.scaler)):
+            try:
+                target.load_state_dict(saved[part])
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:
+                raise invalid_checkpoint(path, f"{part}: {exc}") from None
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                for name, value in self.optimizer.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                        shapes = f"{tuple(value.shape)}, its parameter {tuple(p.shape)}"
+                        raise invalid_checkpoint(path, f"optimizer: {name} has shape {shapes}")
+        self.epoch, self.step, self.partial = saved["epoch"], saved["step"], saved["partial"]
+        self.history = list(saved["history"])
+        set_rng_state(saved["rng"])
 
     @staticmethod
     def model_config(config: TrainConfig, data: TrainingData) -> dict:
@@ -246,29 +283,24 @@ class Trainer:
         every = self.options.checkpoint_every
         return self.done or bool(every and self.step % every == 0)
 
-    def save(self, epoch: int, position: Optional[dict] = None, meter: Optional[EpochMeter] = None) -> None:
-        """Writes the checkpoint, when the run has one: mid-epoch (with the dataset ``position``
-        and the ``meter``) or at the start of ``epoch``."""
-        path = self.options.checkpoint
-        if path is None:
-            return
-        self.check_finite()
-        save_atomically(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "config": self.config,
-                "stores": self.data.stores,
-                "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "epoch": epoch,
-                "step": self.step,
-                "history": self.history,
-                "partial": None if meter is None else {"dataset": position, "meter": meter.state()},
-                "rng": rng_state(),
-            },
-            path,
-        )
+    def checkpoint_state(
+        self, epoch: int, position: Optional[dict] = None, meter: Optional[EpochMeter] = None
+    ) -> dict:
+        """What the run's checkpoint holds: mid-epoch (with the dataset ``position`` and the
+        ``meter``) or at the start of ``epoch``."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config,
+            "stores": self.data.stores,
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": epoch,
+            "step": self.step,
+            "history": self.history,
+            "partial": None if meter is None else {"dataset": position, "meter": meter.state()},
+            "rng": rng_state(),
+        }
 
     @torch.no_grad()
     def errors(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor]) -> torch.Tensor:
@@ -287,9 +319,10 @@ class Trainer:
         count: int,
         group_images_per_s: Optional[float] = None,
     ) -> dict:
-        """Records (and logs) the metrics of a finished epoch, from the sums of :meth:`errors`
-        over its ``count`` validation records. In a fit_many group, ``group_images_per_s`` is
-        the images all its runs trained on per second (each run trains on every batch)."""
+        """Records the metrics of a finished epoch, from the sums of :meth:`errors` over its
+        ``count`` validation records (:meth:`report` logs them, once the checkpoint is saved). In
+        a fit_many group, ``group_images_per_s`` is the images all its runs trained on per second
+        (each run trains on every batch)."""
         metrics = {
             **self._label(),
             "epoch": epoch + 1,
@@ -307,12 +340,16 @@ class Trainer:
             **_gpu_metrics(self.device),
         }
         self.history.append(metrics)
+        self.epoch = epoch + 1
+        return metrics
+
+    def report(self, metrics: dict) -> None:
+        """Logs a finished epoch's metrics, and stops the run when ``patience`` says so."""
         if self.options.log is not None:
             self.options.log(metrics)
         patience = self._patience_stop()
-        if patience is not None and epoch + 1 < self.options.epochs:
+        if patience is not None and self.epoch < self.options.epochs:
             self.stop(patience)
-        return metrics
 
     def result(self, completed: bool) -> FitResult:
         return FitResult(
@@ -378,9 +415,8 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = Fa
                     unit.step(x, y, m, meter_of)
                 elif unit.running:
                     _guarded(unit, unit.train_step, x, y, m, meter_of[id(unit)])
-            for t in stepping:
-                if t.stopped is None and t.checkpoint_due():
-                    _guarded(t, t.save, epoch, stream.position(epoch, steps), meter_of[id(t)])
+            due = [t for t in stepping if t.stopped is None and t.checkpoint_due()]
+            _save_checkpoints(epoch, [(t, stream.position(epoch, steps), meter_of[id(t)]) for t in due])
             bar.update(steps, figures)
             if not any(t.running for t in running):
                 break
@@ -520,10 +556,60 @@ def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, Epo
             t.model.train()
     # In a group, each run trains on every batch: all runs together train on the sum.
     together = sum(m.samples / seconds[id(t)] for t, m in finished if seconds[id(t)] > 0)
-    for total, (t, meter) in zip(sums, evaluated):
-        t.epoch = epoch + 1
+    metrics = [
         t.end_epoch(epoch, meter, seconds[id(t)], total, count, together if t.name is not None else None)
-        _guarded(t, t.save, epoch + 1)
+        for total, (t, meter) in zip(sums, evaluated)
+    ]
+    # The checkpoints first: a log that cannot be written (a full disk) must not lose the epoch.
+    _save_checkpoints(epoch + 1, [(t, None, None) for t, _ in evaluated])
+    for figures, (t, _) in zip(metrics, evaluated):
+        t.report(figures)
+
+
+def _save_checkpoints(
+    epoch: int, due: Sequence[Tuple[Trainer, Optional[dict], Optional[EpochMeter]]]
+) -> None:
+    """Saves the checkpoints of the trainers in ``due`` (each with its dataset position and
+    meter mid-epoch, None at the start of ``epoch``) as one group: all of them or none
+    (:func:`~fastload.train.checkpoint.save_group`), so a group always resumes from one common
+    step. A trainer whose parameters are no longer finite stops instead (a diverged model never
+    overwrites a good checkpoint)."""
+    group = []
+    for t, position, meter in due:
+        if t.options.checkpoint is None:
+            continue
+        _guarded(t, t.check_finite)
+        if t.stopped is None:
+            state = functools.partial(t.checkpoint_state, epoch, position, meter)
+            group.append((t.options.checkpoint, state))
+    save_group(group)
+
+
+def _state_problem(expected: dict, state: dict) -> Optional[str]:
+    """How a saved ``state`` (name -> tensor) differs from the model's own ``expected``: a
+    missing or unexpected name, or another shape; None when it fits."""
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        return f"it has no {missing[0]}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        return f"{unexpected[0]} is no part of the model"
+    for name, tensor in expected.items():
+        if state[name].shape != tensor.shape:
+            return f"{name} has shape {tuple(state[name].shape)}, the model's {tuple(tensor.shape)}"
+    return None
+
+
+def channels_last_convolutions(model: nn.Module) -> nn.Module:
+    """Stores the weights of ``model``'s 2-d convolutions channels_last, the layout of the
+    batches to_device hands it (cuDNN's fast path for NHWC images), in place. Only those:
+    ``model.to(memory_format=torch.channels_last)`` also reorders every other 4-d tensor and
+    refuses 5-d ones, such as the vertices of a lattice of rank 4 (the default model's
+    LatticeEnsemble: num_lattices x 3 x 3 x 3 x 3), which failed every CUDA run (#25)."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+    return model
 
 
 def model_state_bytes(model: nn.Module) -> int:

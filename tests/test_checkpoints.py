@@ -1,0 +1,318 @@
+"""Checkpoints that survive a full disk, a crash and a hostile file: a fit_many group saved all
+or nothing and resumed from its last common step, the checkpoint written before the epoch's log,
+a full disk named with the file, and every part of a loaded checkpoint checked."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import cli
+from fastload.store import StoreWriter
+from fastload.train import fit
+from fastload.train.checkpoint import load_checkpoint
+
+COUNT, SIDE = 40, 8
+# 36 training records in batches of 8: 5 steps an epoch.
+SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True)
+RUNS = [dict(name="run0", lr=1e-3, seed=0), dict(name="run1", lr=3e-2, seed=1)]
+EVERY_2 = dict(SHARED, checkpoint_every=2)  # saves at steps 2 and 4 of a run stopped at step 4
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("checkpoints") / "bright.fastload"
+    images = np.random.default_rng(0).integers(0, 256, (COUNT, SIDE, SIDE, 3), dtype=np.uint8)
+    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
+        writer.extend(images, images.reshape(COUNT, -1).mean(1) / 255.0)
+    return path
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def _assert_same_parameters(a, b):
+    a, b = a.state_dict(), b.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def _steps(folder) -> dict:
+    return {p.name: load_checkpoint(p)["step"] for p in sorted(folder.iterdir())}
+
+
+class FullDisk(io.RawIOBase):
+    """A file on a disk that fills after ``room`` bytes: later writes raise ENOSPC, as the
+    kernel's write does."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+
+def disk_full_at(monkeypatch, call: int) -> None:
+    """The real torch.save, whose ``call``-th file (counting from 1) fills the disk midway."""
+    real, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) != call:
+            return real(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)):  # torch.save given a path opens it itself
+            with open(f, "wb") as file:
+                return real(obj, FullDisk(file, 1000), *args, **kwargs)
+        return real(obj, FullDisk(f, 1000), *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+# ---------------------------------------------------------------- a group saved all or nothing
+
+
+def test_a_group_save_that_fails_for_one_run_keeps_the_last_common_step(store_path, tmp_path, monkeypatch):
+    # Saves at steps 2 and 4 write run0 then run1: the 4th file, run1's at step 4, fills the disk.
+    disk_full_at(monkeypatch, 4)
+    with pytest.raises(Exception) as caught:
+        fastload.fit_many(store_path, RUNS, checkpoint=tmp_path, max_steps=4, **EVERY_2)
+    monkeypatch.undo()
+    left = _steps(tmp_path)
+    # Today's main refuses this resume forever: "stopped at different places (run0: step 4, run1: step 2)".
+    resumed = fastload.fit_many(
+        store_path, RUNS, resume=tmp_path, checkpoint=tmp_path, max_steps=4, **EVERY_2
+    )
+    assert left == {"run0.ckpt": 2, "run1.ckpt": 2}  # nothing else: no partial, no .previous
+    straight = fastload.fit_many(store_path, RUNS, max_steps=4, **EVERY_2)
+    for a, b in zip(straight, resumed):
+        assert a.steps == b.steps == 4
+        _assert_same_parameters(a.model, b.model)
+    assert _steps(tmp_path) == {"run0.ckpt": 4, "run1.ckpt": 4}
+    assert isinstance(caught.value, OSError) and caught.value.errno == errno.ENOSPC
+    assert (
+        str(caught.value)
+        == f"[Errno 28] cannot write the checkpoint {tmp_path / 'run1.ckpt'}: No space left on device"
+    )
+
+
+def test_a_failed_rename_puts_the_previous_set_back(store_path, tmp_path, monkeypatch):
+    real, renames = os.replace, []
+
+    def replace(src, dst):
+        if str(src).endswith(".fastload-partial"):
+            renames.append(dst)
+            if len(renames) == 4:  # run1's new file at step 4, after run0's is in place
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match=rf"cannot write the checkpoint {tmp_path / 'run1.ckpt'}: Input/output"):
+        fastload.fit_many(store_path, RUNS, checkpoint=tmp_path, max_steps=4, **EVERY_2)
+    monkeypatch.undo()
+    assert _steps(tmp_path) == {"run0.ckpt": 2, "run1.ckpt": 2}
+
+
+CRASH = """
+import os, sys
+import fastload
+
+real, renames = os.replace, []
+
+
+def replace(src, dst):
+    if str(src).endswith(".fastload-partial"):
+        renames.append(dst)
+        if len(renames) == int(sys.argv[3]):
+            os._exit(9)  # killed among the renames of the save at step 4
+    real(src, dst)
+
+
+os.replace = replace
+fastload.fit_many(sys.argv[1], {runs!r}, checkpoint=sys.argv[2], max_steps=4, **{options!r})
+"""
+
+
+@pytest.mark.parametrize("killed_at", [3, 4], ids=["before-any-new-file", "between-the-runs"])
+def test_a_group_killed_among_its_renames_resumes_from_the_last_common_step(store_path, tmp_path, killed_at):
+    script = CRASH.format(runs=RUNS, options=EVERY_2)
+    child = subprocess.run(
+        [sys.executable, "-c", script, os.fspath(store_path), os.fspath(tmp_path), str(killed_at)]
+    )
+    assert child.returncode == 9
+    with pytest.warns(UserWarning, match="every run resumes from step 2, the last step all of them saved"):
+        resumed = fastload.fit_many(
+            store_path, RUNS, resume=tmp_path, checkpoint=tmp_path, max_steps=4, **EVERY_2
+        )
+    straight = fastload.fit_many(store_path, RUNS, max_steps=4, **EVERY_2)
+    for a, b in zip(straight, resumed):
+        assert a.steps == b.steps == 4
+        _assert_same_parameters(a.model, b.model)
+    assert _steps(tmp_path) == {"run0.ckpt": 4, "run1.ckpt": 4}  # the killed run's partial is gone too
+
+
+# ---------------------------------------------------------------- the checkpoint before the log
+
+
+def test_a_log_that_cannot_be_written_loses_no_checkpoint(store_path, tmp_path):
+    def full_disk_log(metrics):
+        raise OSError(errno.ENOSPC, "cannot write the JSON log: No space left on device")
+
+    checkpoint = tmp_path / "run.ckpt"
+    with pytest.raises(OSError, match="No space left"):
+        fit(store_path, checkpoint=checkpoint, log=full_disk_log, **{**SHARED, "epochs": 1})
+    saved = load_checkpoint(checkpoint)
+    assert saved["epoch"] == 1 and saved["step"] == 5 and len(saved["history"]) == 1
+
+
+# ---------------------------------------------------------------- a full disk, named
+
+
+def test_a_full_disk_during_torch_save_names_the_checkpoint(store_path, tmp_path, monkeypatch, capsys):
+    checkpoint = tmp_path / "run.ckpt"
+    fit(store_path, checkpoint=checkpoint, max_steps=1, **SHARED)
+    before = _digest(checkpoint)
+    disk_full_at(monkeypatch, 1)
+    argv = ["train", os.fspath(store_path), "--device", "cpu", "--threads", "1", "--batch-size", "8"]
+    status = cli.main([*argv, "--max-steps", "2", "--checkpoint", os.fspath(checkpoint)])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err and "enforce fail" not in err
+    assert (
+        err.strip()
+        == f"fastload train: error: [Errno 28] cannot write the checkpoint {checkpoint}: No space left on device"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"] and _digest(checkpoint) == before
+
+
+# ---------------------------------------------------------------- hostile checkpoints
+
+
+@pytest.fixture(scope="module")
+def saved_mid_epoch(store_path, tmp_path_factory):
+    """A real checkpoint two steps into epoch 2 (epoch 1, step 7, a partial epoch)."""
+    path = tmp_path_factory.mktemp("hostile") / "real.ckpt"
+    fit(store_path, checkpoint=path, max_steps=7, **SHARED)
+    return path
+
+
+def _set(key, value):
+    return lambda c: c.__setitem__(key, value)
+
+
+def _first_model_key(c):
+    return next(iter(c["model"]))
+
+
+HOSTILE = {
+    "no config": (lambda c: c.pop("config"), "it has no config"),
+    "config not a dict": (_set("config", [1, 2]), "its config is a list, not a dict"),
+    "no model": (lambda c: c.pop("model"), "it has no model"),
+    "a model key missing": (lambda c: c["model"].pop(_first_model_key(c)), "model: it has no "),
+    "a model key too many": (lambda c: c["model"].update(extra=torch.zeros(1)), "model: extra is no part"),
+    "a parameter of another shape": (
+        lambda c: c["model"].update({_first_model_key(c): torch.zeros(3)}),
+        r"model: .* has shape \(3,\), the model's",
+    ),
+    "epoch 10**30": (_set("epoch", 10**30), "epoch 10{30} disagrees with its history of 1 epochs"),
+    "epoch -1": (_set("epoch", -1), "epoch -1 is not a count"),
+    "step -100": (_set("step", -100), "step -100 is not a count"),
+    "step 1000": (_set("step", 1000), "step 1000 is not where 1 epochs of 5 steps and 2 more end"),
+    "step a string": (_set("step", "7"), "step '7' is not a count"),
+    "history of another epoch": (lambda c: c["history"][0].update(epoch=5), "history entry 0 is not"),
+    "history without the validation figure": (
+        lambda c: c["history"][0].pop("val_rmse"),
+        "history entry 0 is not",
+    ),
+    "partial epoch moved": (
+        lambda c: c["partial"]["dataset"].update(position=4),
+        "its partial epoch .* is not the epoch after",
+    ),
+    "partial epoch of another seed": (
+        lambda c: c["partial"]["dataset"].update(seed=99),
+        "its dataset position has seed 99, its config data_seed 0",
+    ),
+    "partial meter not numbers": (
+        lambda c: c["partial"]["meter"].update(samples="x"),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "torch random state of another size": (
+        lambda c: c["rng"].update(torch=torch.zeros(10, dtype=torch.uint8)),
+        "its torch random state is not 5056 bytes",
+    ),
+    "NumPy random state cut": (
+        lambda c: c["rng"]["numpy"].__setitem__(1, torch.zeros(3, dtype=torch.int64)),
+        "its NumPy random state is not",
+    ),
+    "Python random state cut": (lambda c: c["rng"].update(python=[0] * 10), "its Python random state is not"),
+    "no random states": (lambda c: c.pop("rng"), "it has no rng"),
+    "optimizer moment of another shape": (
+        lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(2)),
+        r"optimizer: exp_avg has shape \(2,\)",
+    ),
+    "optimizer without its groups": (lambda c: c["optimizer"].pop("param_groups"), "optimizer: "),
+    "scaler not a dict": (_set("scaler", []), "its scaler is a list"),
+    "stores without fingerprints": (
+        lambda c: c["stores"].update(store={"path": 1}),
+        "its stores are not a path and a fingerprint",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_checkpoint_is_refused_naming_what_is_wrong(case, store_path, saved_mid_epoch, tmp_path):
+    edit, message = HOSTILE[case]
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    edit(checkpoint)
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(checkpoint, hostile)
+    with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
+        fit(store_path, resume=hostile, max_steps=9, **SHARED)
+
+
+def test_the_unedited_checkpoint_resumes(store_path, saved_mid_epoch):
+    assert fit(store_path, resume=saved_mid_epoch, max_steps=9, **SHARED).steps == 9
+
+
+def test_cli_names_a_hostile_checkpoint_without_a_traceback(store_path, saved_mid_epoch, tmp_path, capsys):
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    checkpoint.pop("config")
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(checkpoint, hostile)
+    argv = [
+        "train",
+        os.fspath(store_path),
+        "--device",
+        "cpu",
+        "--batch-size",
+        "8",
+        "--resume",
+        os.fspath(hostile),
+    ]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.strip() == f"fastload train: error: not a valid fastload checkpoint: {hostile}: it has no config"
+    )
+
+
+def test_resuming_a_run_past_its_epochs_is_refused(store_path, tmp_path):
+    checkpoint = tmp_path / "done.ckpt"
+    fit(store_path, checkpoint=checkpoint, **SHARED)  # 2 epochs finished
+    with pytest.raises(ValueError, match="has finished 2 epochs, more than the 1 of this run"):
+        fit(store_path, resume=checkpoint, **{**SHARED, "epochs": 1})
