@@ -30,9 +30,12 @@
 //!   memory does not grow with the number of threads; an image whose estimate exceeds the
 //!   whole budget waits for it and decodes alone;
 //! - a chunk can be interrupted: the calling thread polls a `stop` callback and no further
-//!   file is started once it answers true (the files already decoding finish first).
+//!   file is started once it answers true (the files already decoding finish first);
+//! - a JPEG that libjpeg decodes with warnings (damaged entropy-coded data: "corrupt JPEG
+//!   data", "premature end", "bad Huffman code") becomes a record, and its outcome carries
+//!   the warnings ([`Packed::warnings`]) for the caller to report or refuse.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fs::{File, OpenOptions};
 use std::io::{Cursor, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -47,6 +50,7 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use image::error::ImageError;
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits, RgbImage, RgbaImage};
+use mozjpeg_sys::{jpeg_common_struct, jpeg_error_mgr, jpeg_std_error};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -64,6 +68,8 @@ pub const DECODE_MEMORY_BUDGET: u64 = 2 << 30;
 pub const MAX_WORKERS_PER_CORE: usize = 4;
 /// How often the calling thread asks `stop` while a chunk decodes.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Most distinct libjpeg warnings kept for one file (a damaged scan repeats them by the thousand).
+pub const MAX_WARNINGS_KEPT: usize = 5;
 
 /// How an image of another aspect ratio is fitted to the record's height × width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,8 +110,18 @@ impl ResizeSpec {
     }
 }
 
-/// Source bytes read, or why the file did not become a record.
-pub type Outcome = std::result::Result<u64, String>;
+/// A file that became a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packed {
+    /// Bytes of the source file read.
+    pub bytes_read: u64,
+    /// What libjpeg warned of while decoding it (damaged but decodable data), each distinct
+    /// message once, in order, with "(N times)" when repeated; empty for a clean file.
+    pub warnings: Vec<String>,
+}
+
+/// The record made of a file, or why the file did not become one.
+pub type Outcome = std::result::Result<Packed, String>;
 
 /// Bytes in flight, shared by threads: a counting semaphore on bytes, with its peak.
 pub struct ByteBudget {
@@ -339,6 +355,7 @@ fn load_into(
     budget: &ByteBudget,
 ) -> Outcome {
     let bytes = read_image_file(path)?;
+    let mut warnings = Vec::new();
     let mut decoder = image_decoder(&bytes)?;
     let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
     let stored = decoder.dimensions();
@@ -357,7 +374,9 @@ fn load_into(
             let file = 2 * bytes.len() as u64 + coefficients;
             let _held = budget.reserve(decode_footprint((width, height), pixels, file, spec));
             drop(decoder);
-            let mut image = DynamicImage::ImageRgb8(decode_jpeg(&bytes, scale)?);
+            let (decoded, warned) = decode_jpeg(&bytes, scale)?;
+            warnings = warned;
+            let mut image = DynamicImage::ImageRgb8(decoded);
             image.apply_orientation(orientation);
             image.into_rgb8()
         }
@@ -367,7 +386,10 @@ fn load_into(
         }
     };
     resize_into(&rgb, full, spec, slot, resizer)?;
-    Ok(bytes.len() as u64)
+    Ok(Packed {
+        bytes_read: bytes.len() as u64,
+        warnings,
+    })
 }
 
 /// Estimated peak bytes of decoding and resizing one image: `other` bytes (the file,
@@ -483,10 +505,13 @@ fn libjpeg_frame(bytes: &[u8]) -> Option<JpegFrame> {
 }
 
 /// Decodes a JPEG to RGB at `scale`/8 of its size in the DCT domain (libjpeg-turbo),
-/// before any EXIF orientation. libjpeg reports fatal errors by unwinding, caught here.
-fn decode_jpeg(bytes: &[u8], scale: u8) -> std::result::Result<RgbImage, String> {
+/// before any EXIF orientation, with libjpeg's warnings about the file (see
+/// [`JpegWarnings`]). libjpeg reports fatal errors by unwinding, caught here.
+fn decode_jpeg(bytes: &[u8], scale: u8) -> std::result::Result<(RgbImage, Vec<String>), String> {
     let decode = || -> std::io::Result<RgbImage> {
-        let mut decompress = mozjpeg::Decompress::new_mem(bytes)?;
+        let mut decompress = mozjpeg::Decompress::builder()
+            .with_err(warning_error_mgr())
+            .from_mem(bytes)?;
         decompress.scale(scale);
         // The DCT method and upsampling stay libjpeg's defaults: at 1/4 and 1/8 scale (camera
         // photos) the other choices change no byte, and the time is the Huffman decoding's
@@ -497,8 +522,11 @@ fn decode_jpeg(bytes: &[u8], scale: u8) -> std::result::Result<RgbImage, String>
         started.finish()?;
         Ok(RgbImage::from_raw(width, height, pixels).expect("three bytes per pixel"))
     };
-    match catch_unwind(AssertUnwindSafe(decode)) {
-        Ok(Ok(image)) => Ok(image),
+    JPEG_WARNINGS.with(|w| w.take()); // a decode that unwound may have left some
+    let outcome = catch_unwind(AssertUnwindSafe(decode));
+    let warnings = JPEG_WARNINGS.with(|w| w.take().messages());
+    match outcome {
+        Ok(Ok(image)) => Ok((image, warnings)),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Err(format!("truncated image: {e}"))
         }
@@ -511,6 +539,105 @@ fn decode_jpeg(bytes: &[u8], scale: u8) -> std::result::Result<RgbImage, String>
             Err(format!("corrupt or truncated image: {message}"))
         }
     }
+}
+
+/// The warnings libjpeg emitted during one decode: the distinct messages in order, with how
+/// often each came, at most [`MAX_WARNINGS_KEPT`] of them (the others only counted).
+#[derive(Default)]
+struct JpegWarnings {
+    distinct: Vec<(String, u64)>,
+    others: u64,
+}
+
+impl JpegWarnings {
+    fn add(&mut self, message: String) {
+        if let Some(seen) = self.distinct.iter_mut().find(|(m, _)| *m == message) {
+            seen.1 += 1;
+        } else if self.distinct.len() < MAX_WARNINGS_KEPT {
+            self.distinct.push((message, 1));
+        } else {
+            self.others += 1;
+        }
+    }
+
+    fn messages(self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .distinct
+            .into_iter()
+            .map(|(m, n)| if n > 1 { format!("{m} ({n} times)") } else { m })
+            .collect();
+        if self.others > 0 {
+            out.push(format!("{} other warning(s)", self.others));
+        }
+        out
+    }
+}
+
+thread_local! {
+    /// libjpeg's warnings on this thread's current decode: libjpeg calls the error manager's
+    /// `emit_message` synchronously on the thread that decodes.
+    static JPEG_WARNINGS: RefCell<JpegWarnings> = RefCell::new(JpegWarnings::default());
+}
+
+/// libjpeg's standard error manager with its two exits replaced: a fatal error unwinds (as the
+/// mozjpeg crate's own manager does) instead of calling `exit`, and a warning (damaged but
+/// decodable data, which the crate's manager drops) is kept in [`JPEG_WARNINGS`].
+fn warning_error_mgr() -> jpeg_error_mgr {
+    // SAFETY: jpeg_std_error fills every field of the zeroed struct.
+    let mut err: jpeg_error_mgr = unsafe { std::mem::zeroed() };
+    unsafe { jpeg_std_error(&mut err) };
+    err.error_exit = Some(unwind_on_error);
+    err.emit_message = Some(keep_warning);
+    err
+}
+
+extern "C-unwind" fn keep_warning(cinfo: &mut jpeg_common_struct, level: std::os::raw::c_int) {
+    // -1 is a warning; 0 and above are trace messages, off by default.
+    if level < 0 {
+        let message = libjpeg_message(cinfo);
+        JPEG_WARNINGS.with(|w| w.borrow_mut().add(message));
+    }
+}
+
+extern "C-unwind" fn unwind_on_error(cinfo: &mut jpeg_common_struct) {
+    let message = format!("libjpeg fatal error: {}", libjpeg_message(cinfo));
+    // Not a panic: no panic hook runs.
+    std::panic::resume_unwind(Box::new(message));
+}
+
+/// The text of libjpeg's current message (its `format_message`, at most 80 bytes).
+fn libjpeg_message(cinfo: &mut jpeg_common_struct) -> String {
+    // SAFETY: cinfo.err is the error manager libjpeg is reporting through; format_message
+    // writes at most JMSG_LENGTH_MAX (80) bytes, NUL included. The binding declares the
+    // buffer `&[u8; 80]` although libjpeg writes to it, so it is passed as a pointer.
+    let format = unsafe { (*cinfo.err).format_message };
+    let Some(format) = format else {
+        return format!("libjpeg message {}", unsafe { (*cinfo.err).msg_code });
+    };
+    let mut buffer = [0u8; 80];
+    unsafe {
+        let format: unsafe extern "C-unwind" fn(&mut jpeg_common_struct, *mut u8) =
+            std::mem::transmute(format);
+        format(cinfo, buffer.as_mut_ptr());
+    }
+    let text = buffer.split(|&c| c == 0).next().unwrap_or_default();
+    String::from_utf8_lossy(text).into_owned()
+}
+
+extern "C" {
+    // libjpeg-turbo's SIMD dispatch (simd/<arch>/jsimd.c, or jsimd_none.c in a build without
+    // SIMD, whose answers are all 0): nonzero when the build has SIMD code for the step and
+    // this CPU can run it.
+    fn jsimd_can_idct_islow() -> std::os::raw::c_int;
+    fn jsimd_can_ycc_rgb() -> std::os::raw::c_int;
+}
+
+/// Whether libjpeg-turbo decodes JPEGs with SIMD here (its inverse DCT and colour
+/// conversion): false when the extension was built without SIMD (mozjpeg-sys leaves it out,
+/// with only a cargo warning, when `nasm` is missing at build time on x86) or the CPU lacks it.
+pub fn jpeg_simd() -> bool {
+    // SAFETY: both take no arguments and only read the CPU's features.
+    unsafe { jsimd_can_idct_islow() != 0 && jsimd_can_ycc_rgb() != 0 }
 }
 
 /// The file's bytes, after checking from its first bytes that it is an image at all
@@ -759,7 +886,13 @@ mod tests {
             .decode_into(&paths, &mut out, || false)
             .unwrap()
             .unwrap();
-        assert_eq!(outcomes[0], Ok(png.len() as u64));
+        assert_eq!(
+            outcomes[0],
+            Ok(Packed {
+                bytes_read: png.len() as u64,
+                warnings: vec![]
+            })
+        );
         assert!(out[..48].chunks(3).all(|px| px == [200, 0, 0]));
         assert_eq!(outcomes[1], Err("empty file".into()));
         assert!(outcomes[2].as_ref().unwrap_err().contains("not an image"));
@@ -1082,6 +1215,67 @@ mod tests {
                 components: 1
             })
         );
+    }
+
+    /// `jpeg` with `count` bytes of its entropy-coded data (after the start-of-scan header)
+    /// changed, from the middle of the scan on; 0xFF bytes and their neighbours are left
+    /// alone, so no marker is made or unmade.
+    fn damaged_scan(jpeg: &[u8], count: usize) -> Vec<u8> {
+        let sos = jpeg.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+        let data = sos + 2 + usize::from(u16::from_be_bytes([jpeg[sos + 2], jpeg[sos + 3]]));
+        let mut damaged = jpeg.to_vec();
+        let mut at = data + (jpeg.len() - 2 - data) / 2;
+        let mut changed = 0;
+        while changed < count {
+            let flipped = damaged[at] ^ 0x5A;
+            if damaged[at] != 0xFF && damaged[at - 1] != 0xFF && flipped != 0xFF {
+                damaged[at] = flipped;
+                changed += 1;
+            }
+            at += 7;
+        }
+        damaged
+    }
+
+    #[test]
+    fn a_damaged_but_decodable_jpeg_carries_libjpegs_warnings() {
+        let jpeg = encode(&DynamicImage::ImageRgb8(photo(256, 192)), ImageFormat::Jpeg);
+        let damaged = damaged_scan(&jpeg, 24);
+        let dir = tempfile::tempdir().unwrap();
+        let paths = write_files(dir.path(), &[("clean.jpg", jpeg), ("flipped.jpg", damaged)]);
+        let spec = spec(16, 16, ResizeMode::Squash);
+        let decoder = Decoder::new(spec, Some(2)).unwrap();
+        let mut out = vec![0u8; 2 * spec.image_len()];
+        let outcomes = decoder
+            .decode_into(&paths, &mut out, || false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(outcomes[0].as_ref().unwrap().warnings, Vec::<String>::new());
+        let warnings = &outcomes[1].as_ref().unwrap().warnings;
+        assert!(!warnings.is_empty(), "no warning for a damaged scan");
+        assert!(
+            warnings.iter().all(|w| w.starts_with("Corrupt JPEG data")
+                || w.starts_with("Premature end")
+                || w.ends_with("other warning(s)")),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn warnings_are_kept_once_each_and_capped() {
+        let mut warnings = JpegWarnings::default();
+        for i in 0..3 {
+            warnings.add("Corrupt JPEG data: bad Huffman code".into());
+            warnings.add(format!("extraneous bytes {i}"));
+        }
+        for i in 3..10 {
+            warnings.add(format!("extraneous bytes {i}"));
+        }
+        let messages = warnings.messages();
+        assert_eq!(messages.len(), MAX_WARNINGS_KEPT + 1);
+        assert_eq!(messages[0], "Corrupt JPEG data: bad Huffman code (3 times)");
+        assert_eq!(messages[1], "extraneous bytes 0");
+        assert_eq!(messages[MAX_WARNINGS_KEPT], "6 other warning(s)");
     }
 
     #[test]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastload import StoreWriter, bench
+import fastload
+from fastload import StoreWriter, _core, bench
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -112,7 +113,23 @@ def test_json_describes_the_machine_and_the_store(quick_run, tiny_store):
 def test_noisy_figures_are_warned_about(quick_run):
     results, _ = quick_run
     noisy = {r["method"] for r in results["rows"] if r["spread_pct"] > bench.NOISY_SPREAD_PCT}
-    assert {w.split(": runs spread")[0] for w in results["warnings"]} == noisy
+    assert {w.split(": runs spread")[0] for w in results["warnings"] if ": runs spread" in w} == noisy
+
+
+def test_a_build_without_jpeg_simd_is_reported_by_build_info_and_bench(tiny_store, monkeypatch, capsys):
+    built = fastload.build_info()
+    assert built["jpeg_simd"] is _core.pack_jpeg_simd() and built["version"] == fastload.__version__
+    assert ("jpeg_simd_note" in built) is not built["jpeg_simd"]
+    monkeypatch.setattr(_core, "pack_jpeg_simd", lambda: False)
+    note = fastload.build_info()["jpeg_simd_note"]
+    assert "without SIMD" in note and "apt-get install nasm" in note
+    results = bench.run(tiny_store, quick=True, only="memcpy")
+    assert results["machine"]["build"] == {
+        "version": fastload.__version__,
+        "jpeg_simd": False,
+        "jpeg_simd_note": note,
+    }
+    assert note in results["warnings"] and f"warning: {note}" in capsys.readouterr().out
 
 
 def test_plot_is_a_png_chart(quick_run):

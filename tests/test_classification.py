@@ -78,6 +78,7 @@ def test_a_store_of_class_folders_is_classified_and_learns(class_store):
     result = fit(class_store, epochs=3, log=logged.append, **FAST)
     assert Store(class_store).label_dtype == np.int64
     assert result.task == "classification" and result.config["class_names"] == ["blue", "green", "red"]
+    assert all(m["class_names"] == ["blue", "green", "red"] for m in logged)  # the log lines name them
     assert result.baseline_rmse is None and logged == result.history
     assert isinstance(result.model, MonotonicClassifier) and result.model.num_classes == 3
     for metrics in result.history:
@@ -291,6 +292,10 @@ def test_an_epoch_line_shows_accuracy_and_the_counts_of_the_least_accurate_class
     assert "least accurate 10 of 12 classes: 11:0/5 0:0/0" in absent  # no records: no accuracy to rank
     few = format_epoch({**metrics, "val_support": [4, 4], "val_correct": [3, 1]})
     assert few.endswith("correct per class: 0:3/4 1:1/4")
+    named = format_epoch(
+        {**metrics, "val_support": [4, 4], "val_correct": [3, 1], "class_names": ["cat", "dog"]}
+    )
+    assert named.endswith("correct per class: cat:3/4 dog:1/4")
 
 
 CLI_SHARED = [
@@ -312,7 +317,9 @@ def test_cli_runs_print_accuracy_and_a_table_best_accuracy_first(class_store, ca
     assert cli.main(argv + CLI_SHARED) == 0
     out = capsys.readouterr().out.splitlines()
     epochs = [line for line in out if " epoch " in line]
-    assert len(epochs) == 4 and all("accuracy" in line and "correct per class: 0:" in line for line in epochs)
+    assert len(epochs) == 4
+    assert all("accuracy" in line and "correct per class: blue:" in line for line in epochs)
+    assert all(" red:" in line and " img/s per run (" in line for line in epochs)
     table = out[len(epochs) :]
     assert table[0].split() == [
         "run",

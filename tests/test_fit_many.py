@@ -13,7 +13,7 @@ import fastload
 from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import config as train_config
-from fastload.train import fit
+from fastload.train import fit, format_epoch, runs_table
 from fastload.train import trainer as train_mod
 
 COUNT, SIDE = 40, 8
@@ -131,7 +131,8 @@ def test_patience_stops_a_run_that_stops_improving(store_path, monkeypatch):
         ([dict(name="../x")], {}, "run name '../x'"),
         ([dict(backbone="vgg")], {}, "run run0: backbone must be one of"),
         ([dict(num_features=10**8)], {}, "run run0: num_features must be between 1 and 4096"),
-        ([dict()], {"checkpoint": "/nonexistent/folder"}, "must be an existing folder"),
+        ([dict()], {"checkpoint": "/nonexistent/folder"}, "its parent /nonexistent does not exist"),
+        ([dict()], {"resume": "/nonexistent/folder"}, "must be an existing folder"),
     ],
 )
 def test_bad_runs_are_refused_before_training(store_path, runs, shared, message):
@@ -289,3 +290,75 @@ def test_a_diverging_run_leaves_its_stack(store_path, monkeypatch):
     assert good.completed and also.completed
     _assert_close_parameters(good.model, fit(store_path, lr=3e-3, **SHARED).model)
     _assert_close_parameters(also.model, fit(store_path, lr=1e-2, seed=1, data_seed=0, **SHARED).model)
+
+
+def test_a_missing_checkpoint_folder_is_created_one_level_as_mkdir(store_path, tmp_path, capsys):
+    fastload.fit_many(store_path, RUNS[:1], checkpoint=tmp_path / "runs", max_steps=2, **SHARED)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["slow.ckpt"]
+    argv = ["train", str(store_path), "--runs", "2", "--checkpoint", f"{tmp_path}/cli/", "--max-steps", "2"]
+    assert cli.main(argv + CLI_SHARED) == 0
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == ["run0.ckpt", "run1.ckpt"]
+    capsys.readouterr()
+    assert (
+        cli.main(["train", str(store_path), "--runs", "2", "--checkpoint", f"{tmp_path}/a/b"] + CLI_SHARED)
+        == 1
+    )
+    assert f"its parent {tmp_path}/a does not exist" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="a file of that name exists"):
+        fastload.fit_many(store_path, RUNS[:1], checkpoint=tmp_path / "file", **SHARED)
+
+
+def test_stacked_runs_print_no_pytorch_request_for_an_issue(store_path, capsys):
+    argv = ["train", str(store_path), "--runs", "2", "--lr", "1e-3,1e-2", "--stack", "--epochs", "1"]
+    assert cli.main(argv + CLI_SHARED[2:]) == 0
+    err = capsys.readouterr().err
+    assert "Please file us an issue" not in err and "performance drop" not in err
+
+
+def test_pytorchs_vmap_fallback_warning_is_explained_in_fastloads_words():
+    torch_says = (
+        "There is a performance drop because we have not yet implemented the batching rule for "
+        "aten::scatter_.value. Please file us an issue on GitHub so that we can prioritize its "
+        "implementation. (Triggered internally at BatchedFallback.cpp:82.)"
+    )
+    explained = fastload.train.explain_warning(torch_says)
+    assert explained.startswith("stacked runs: PyTorch's vmap has no batched kernel for aten::scatter_.value")
+    assert "file us an issue" not in explained and "not to fastload" in explained
+    assert fastload.train.explain_warning("something else") == "something else"
+
+
+def test_epoch_lines_of_a_group_give_img_s_per_run_and_for_all_runs(store_path):
+    logged = []
+    fastload.fit_many(store_path, RUNS[:2], log=logged.append, **{**SHARED, "epochs": 1})
+    assert [m["run"] for m in logged] == ["slow", "fast"]
+    together = sum(m["images_per_s"] for m in logged)
+    assert all(m["images_per_s_all_runs"] == pytest.approx(together) for m in logged)
+    line = format_epoch(logged[0])
+    assert f"{logged[0]['images_per_s']:,.0f} img/s per run ({together:,.0f} all runs)" in line
+    alone = fit(store_path, **{**SHARED, "epochs": 1}).history[0]
+    assert "images_per_s_all_runs" not in alone and " img/s per run" not in format_epoch(alone)
+
+
+class _Result:
+    """What runs_table reads of a FitResult."""
+
+    def __init__(self, name, task, last):
+        self.name, self.task, self.history = name, task, [last]
+        self.completed, self.stopped, self.steps, self.state_bytes = True, None, 10, 1000
+
+
+def test_runs_table_breaks_ties_by_validation_loss_then_error():
+    classified = [
+        _Result("run0", "classification", {"val_accuracy": 0.5, "val_loss": 1.366}),
+        _Result("run1", "classification", {"val_accuracy": 0.25, "val_loss": 0.9}),
+        _Result("run2", "classification", {"val_accuracy": 0.5, "val_loss": 1.27}),
+    ]
+    rows = runs_table(classified, [{"lr": 1}, {"lr": 2}, {"lr": 3}]).splitlines()[1:]
+    assert [row.split()[0] for row in rows] == ["run2", "run0", "run1"]
+    regressed = [
+        _Result("run0", "regression", {"val_rmse": 0.2, "val_mae": 0.15}),
+        _Result("run1", "regression", {"val_rmse": 0.2, "val_mae": 0.1}),
+    ]
+    rows = runs_table(regressed, [{}, {}]).splitlines()[1:]
+    assert [row.split()[0] for row in rows] == ["run1", "run0"]

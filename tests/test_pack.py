@@ -3,6 +3,7 @@ bad input, determinism, interruption and exit codes. Fixtures are tiny images ma
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import struct
@@ -319,6 +320,10 @@ def bad_folder(root: Path) -> dict:
     }
 
 
+#: What `strict` does not refuse: files left out by rule.
+SKIPPED_BY_RULE = {"c/.hidden.jpg"}
+
+
 def partials(folder: Path) -> list:
     return [p.name for p in folder.iterdir() if p.name.endswith(".fastload-partial")]
 
@@ -337,12 +342,67 @@ def test_bad_files_are_skipped_with_their_reason(tmp_path):
 
 
 def test_strict_names_every_bad_file_and_writes_nothing(tmp_path):
-    expected = bad_folder(tmp_path / "src")
+    expected = set(bad_folder(tmp_path / "src")) - SKIPPED_BY_RULE
     with pytest.raises(BadFilesError) as err:
         fastload.pack(tmp_path / "src", tmp_path / "s.fl", 16, strict=True)
     assert sorted(name for name, _ in err.value.files) == sorted(expected)
     assert all(name in str(err.value) for name in expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def damaged_jpeg(path: Path, flips: int = 24) -> None:
+    """A photo-like JPEG with `flips` bytes of its entropy-coded data (after the start-of-scan
+    header, from the middle of the scan on) changed; 0xFF bytes and their neighbours are left
+    alone, so no marker is made or unmade: libjpeg decodes it with warnings."""
+    buffer = io.BytesIO()
+    Image.fromarray(gradient(192, 256)).save(buffer, "JPEG", quality=90)
+    data = bytearray(buffer.getvalue())
+    sos = data.index(b"\xff\xda")
+    scan = sos + 2 + struct.unpack(">H", data[sos + 2 : sos + 4])[0]
+    at, changed = scan + (len(data) - 2 - scan) // 2, 0
+    while changed < flips:
+        flipped = data[at] ^ 0x5A
+        if 0xFF not in (data[at], data[at - 1], flipped):
+            data[at] = flipped
+            changed += 1
+        at += 7
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_jpeg_is_packed_and_listed_with_its_decoder_warnings(tmp_path):
+    src = photo_folder(tmp_path / "src", ["c/clean.jpg", "c/z.png"], size=64)
+    damaged_jpeg(src / "c" / "flipped.jpg")
+    report = fastload.pack(src, tmp_path / "s.fl", 16)
+    assert report.records == 3 and report.skipped == []
+    assert [name for name, _ in report.decode_warnings] == ["c/flipped.jpg"]
+    warnings = report.decode_warnings[0][1]
+    assert warnings and all("Corrupt JPEG data" in w or "Premature end" in w for w in warnings), warnings
+    text = str(report)
+    assert "decoded with warnings: 1 damaged image(s)" in text and "c/flipped.jpg: Corrupt JPEG data" in text
+    store = fastload.Store(report.path)
+    assert store.meta["sources"] == ["c/clean.jpg", "c/flipped.jpg", "c/z.png"]
+    assert store.meta["decode_warnings"] == [{"file": "c/flipped.jpg", "record": 1, "warnings": warnings}]
+
+
+def test_strict_refuses_a_damaged_jpeg_but_not_files_skipped_by_rule(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["c/clean.jpg", "d/other.jpg"], size=64)
+    (src / "c" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (src / ".hidden").mkdir()
+    (src / ".hidden" / "x.jpg").write_bytes(b"not read")
+    report = fastload.pack(src, tmp_path / "clean.fl", 16, strict=True)
+    assert report.records == 2 and report.decode_warnings == []
+    assert sorted(report.skipped) == [(".hidden", "hidden folder"), ("c/.DS_Store", "hidden file")]
+
+    damaged_jpeg(src / "c" / "flipped.jpg")
+    with pytest.raises(BadFilesError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 16, strict=True)
+    assert [name for name, _ in err.value.files] == ["c/flipped.jpg"]
+    assert "c/flipped.jpg: decoded with warnings: Corrupt JPEG data" in str(err.value)
+    assert not (tmp_path / "s.fl").exists()
+    assert cli_main(["pack", str(src), str(tmp_path / "s.fl"), "--size", "16", "--strict", "--quiet"]) == 1
+    assert "c/flipped.jpg: decoded with warnings" in capsys.readouterr().err
+    assert not (tmp_path / "s.fl").exists()
 
 
 def test_csv_problems_are_reported_with_line_numbers(tmp_path):
@@ -390,6 +450,69 @@ def test_no_labels_at_all_explains_both_ways(tmp_path):
     assert "labels" in str(err.value) and "subfolder per class" in str(err.value)
 
 
+def test_a_flat_folder_packs_without_labels_and_says_so(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["b.png", "a.jpg", "sub/c.png"])
+    (src / "notes.txt").write_text("not an image")
+    report = fastload.pack(src, tmp_path / "s.fl", 8, no_labels=True, strict=True)
+    assert report.records == 3 and report.skipped == [
+        ("notes.txt", "not an image file (no label, no image extension)")
+    ]
+    store = fastload.Store(report.path)
+    assert store.meta["sources"] == ["a.jpg", "b.png", "sub/c.png"] and store.labels.tolist() == [0, 0, 0]
+    assert store.meta["labels"] == "none" and store.meta["pack"]["labels"] == "none" and not store.labelled
+    assert "class_names" not in store.meta
+    floats = fastload.Store(
+        fastload.pack(src, tmp_path / "f.fl", 8, no_labels=True, label_dtype="float64").path
+    )
+    assert np.isnan(floats.labels).all() and not floats.labelled
+    summary = fastload.inspect.info(store.path)
+    assert summary["labelled"] is False and summary["labels"] == {}
+    assert cli_main(["info", str(store.path)]) == 0
+    assert "3 images of 8x8x3 uint8, no labels (packed with --no-labels)" in capsys.readouterr().out
+    assert cli_main(["pack", str(src), str(tmp_path / "c.fl"), "--size", "8", "--no-labels", "--quiet"]) == 0
+    assert not fastload.Store(tmp_path / "c.fl").labelled
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("a.jpg,1\n")
+    with pytest.raises(ValueError, match="not both"):
+        fastload.pack(src, tmp_path / "x.fl", 8, no_labels=True, labels=csv_path)
+    with pytest.raises(SystemExit) as usage:
+        cli_main(["pack", str(src), str(tmp_path / "x.fl"), "--no-labels", "--labels", str(csv_path)])
+    assert usage.value.code == 2
+
+
+def test_without_labels_the_error_offers_no_labels(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png"])
+    with pytest.raises(ValueError, match=r"no labels\. .*--no-labels"):
+        fastload.pack(src, tmp_path / "s.fl", 8)
+
+
+def test_info_calls_whole_number_labels_of_a_csv_values_not_classes(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["a.png", "b.png", "c.png"])
+    (tmp_path / "ages.csv").write_text("a.png,30\nb.png,41\nc.png,30\n")
+    store = fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "ages.csv").path
+    labels = fastload.inspect.info(store)["labels"]
+    assert "classes" not in labels and labels["values"] == {"30": 2, "41": 1} and labels["distinct"] == 2
+    assert labels["min"] == 30 and labels["max"] == 41
+    assert cli_main(["info", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "\nclasses " not in out and "values     2 distinct whole numbers: 30: 2, 41: 1" in out
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_info_and_verify_help_describe_the_command_and_store(command, capsys):
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "STORE a store file written by `fastload pack` or StoreWriter" in text
+    assert ("Recompute the checksum" if command == "verify" else "Print what STORE holds") in text
+
+
+def test_demo_seed_has_help(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["demo", "--help"])
+    assert "seed of the generated photos" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_folder_without_images_says_so_not_no_labels(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -412,8 +535,10 @@ def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
     src = photo_folder(tmp_path / "src", ["a.png", "b.png"])
     csv_path = tmp_path / "labels.csv"
     csv_path.write_text("a.png,1.5\ngone.png,2\nb.png,3\n")
-    with pytest.raises(ValueError, match=r"line 2: gone.png does not exist in .*--skip-missing"):
+    with pytest.raises(ValueError) as err:
         fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
+    assert "line 2: gone.png does not exist in" in str(err.value)
+    assert str(err.value).count("--skip-missing") == 1  # the advice once, not on every row
     assert not (tmp_path / "s.fl").exists()
     report = fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=True, strict=True)
     assert report.records == 2
@@ -439,6 +564,58 @@ def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "gone.png" in result.stdout and len(fastload.Store(tmp_path / "t.fl")) == 2
+
+
+def test_csv_paths_with_a_folder_too_many_are_explained_once(tmp_path, capsys):
+    names = [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(18)]
+    src = photo_folder(tmp_path / "classes", names)
+    csv_path = tmp_path / "labels.csv"  # beside SRC, its paths written from there
+    csv_path.write_text("path,label\n" + "".join(f"classes/{n},{int(n.startswith('dog'))}\n" for n in names))
+    for skip in (False, True):
+        with pytest.raises(ValueError) as err:
+            fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=skip)
+        message = str(err.value)
+        assert "none of its 36 paths names a file in SRC" in message
+        assert "all 36 start with `classes/`: they are relative to the CSV's folder" in message
+        assert "without `classes/`), e.g. `cat/0.png`" in message
+        assert "skip-missing" not in message and "no images to pack" not in message
+        assert len(message.splitlines()) == 1
+    assert (
+        cli_main(["pack", str(src), str(tmp_path / "s.fl"), "--labels", str(csv_path), "--skip-missing"]) == 1
+    )
+    assert capsys.readouterr().err.count("classes/") == 2
+
+
+def test_csv_paths_naming_nothing_say_so_once_with_the_first_rows(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png"])
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("".join(f"elsewhere{i}.png,{i}\n" for i in range(35)))
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
+    message = str(err.value)
+    assert "none of its 35 paths names a file in SRC" in message and "skip-missing" not in message
+    assert "elsewhere2.png" in message and "elsewhere3.png" not in message and "... and 32 more" in message
+
+
+def test_class_names_as_csv_labels_become_classes(tmp_path, capsys):
+    src = photo_folder(tmp_path / "src", ["a.png", "b.png", "c.png", "d.png"])
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text("file,animal\na.png,dogs\nb.png, cats\nc.png,dogs\nd.png,emus\n")
+    store = fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path).path)
+    assert store.meta["class_names"] == ["cats", "dogs", "emus"] and store.label_dtype == np.int64
+    assert store.labels.tolist() == [1, 0, 1, 2]
+    assert fastload.inspect.info(store.path)["labels"]["classes"] == {"cats": 1, "dogs": 2, "emus": 1}
+    # Without a header the first row is data: its name is another row's label.
+    csv_path.write_text("a.png,dogs\nb.png,cats\nc.png,dogs\nd.png,dogs\n")
+    store = fastload.Store(fastload.pack(src, tmp_path / "t.fl", 8, labels=csv_path).path)
+    assert store.labels.tolist() == [1, 0, 1, 1]
+    csv_path.write_text("a.png,dogs\nb.png,2\nc.png,dogs\nd.png,1\n")
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "u.fl", 8, labels=csv_path)
+    assert "label 'dogs' is not a number" in str(err.value) and "or all of them class names" in str(err.value)
+    csv_path.write_text("a.png,dogs\nb.png,cats\nc.png,dogs\nd.png,dogs\n")
+    with pytest.raises(ValueError, match="label 'dogs' is not a number"):
+        fastload.pack(src, tmp_path / "v.fl", 8, labels=csv_path, label_dtype="float64")
 
 
 def test_too_many_names_for_the_metadata_fail_before_decoding(tmp_path, monkeypatch):

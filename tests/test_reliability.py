@@ -177,7 +177,7 @@ def test_known_metadata_keys_of_the_wrong_type_are_ignored(tmp_path, meta):
     with StoreWriter(path, SHAPE, label_dtype="int64", meta=meta) as w:
         w.extend(pattern(3), [0, 1, 2])
     xor(path, HEADER, 1)
-    assert info_store(path)["labels"]["classes"] == {"0": 1, "1": 1, "2": 1}
+    assert info_store(path)["labels"]["values"] == {"0": 1, "1": 1, "2": 1}  # no class names: numbers
     assert verify_store(path) == [(0, None)]
     for command in ("info", "verify"):
         result = subprocess.run(

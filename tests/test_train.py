@@ -340,3 +340,29 @@ def test_cli_trains_a_store_whose_last_batch_would_hold_one_record(lone_path, ca
 def test_a_training_split_of_one_record_is_refused(lone_path):
     with pytest.raises(ValueError, match="1 training record.* batches of one record"):
         fit(lone_path, **{**LONE, "val_fraction": (LONE_COUNT - 1) / LONE_COUNT})
+
+
+def test_a_store_of_one_record_says_two_are_needed(tmp_path, capsys):
+    path = tmp_path / "one.fastload"
+    images, labels = _images_and_labels(count=1)
+    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
+        writer.extend(images, labels)
+    with pytest.raises(
+        ValueError, match=r"has 1 record\(s\); training with a validation split needs at least 2"
+    ):
+        fit(path, **FAST)
+    assert cli.main(["train", str(path), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "needs at least 2" in err and "raise val_fraction" not in err
+
+
+def test_a_store_packed_without_labels_is_refused(tmp_path, capsys):
+    unlabelled = tmp_path / "unlabelled.fastload"
+    images, _ = _images_and_labels(count=20)
+    with StoreWriter(unlabelled, (SIDE, SIDE, 3), label_dtype="int64", meta={"labels": "none"}) as writer:
+        writer.extend(images, np.zeros(20, dtype=np.int64))
+    assert not Store(unlabelled).labelled
+    with pytest.raises(ValueError, match=r"unlabelled.fastload has no labels \(packed with --no-labels"):
+        fit(unlabelled, **FAST)
+    assert cli.main(["train", str(unlabelled), "--device", "cpu"]) == 1
+    assert "has no labels" in capsys.readouterr().err

@@ -17,6 +17,7 @@ command line).
 """
 
 from fastload._core import StoreError, __version__
+from fastload.inspect import build_info
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
 
@@ -46,6 +47,7 @@ __all__ = [
     "pack",
     "PackReport",
     "__version__",
+    "build_info",
     "FastLoadDataset",
     "to_device",
     "DeviceLoader",

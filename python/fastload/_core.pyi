@@ -31,6 +31,7 @@ __all__ = [
     "check_meta",
     "evict",
     "num_threads",
+    "pack_jpeg_simd",
     "recycled_float32",
     "recycled_idle",
 ]
@@ -50,6 +51,9 @@ class StoreError(Exception):
     """A store file is missing, unreadable, damaged, or not a fastload store."""
 
 def num_threads() -> int: ...
+def pack_jpeg_simd() -> bool:
+    """Whether libjpeg-turbo decodes JPEGs with SIMD in this build (built with nasm) on this CPU."""
+
 def augment(
     images: npt.NDArray[np.uint8],
     theta: Optional[npt.NDArray[np.float32]],
@@ -155,6 +159,7 @@ class PackDecoder:
     def num_threads(self) -> int: ...
     def decode_into(
         self, paths: Sequence[_Path], out: npt.NDArray[np.uint8]
-    ) -> List[Tuple[int, Optional[str]]]:
-        """Checks signals while decoding: Ctrl-C raises KeyboardInterrupt within about a file's decode."""
+    ) -> List[Tuple[int, Optional[str], List[str]]]:
+        """One (bytes read, None, libjpeg's warnings) or (0, why it failed, []) per path. Checks
+        signals while decoding: Ctrl-C raises KeyboardInterrupt within about a file's decode."""
         ...

@@ -26,12 +26,21 @@ def _cmd_info(args: argparse.Namespace) -> int:
     h, w, c = summary["shape"]
     mem = summary["memory"]
     print(f"store      {summary['path']}")
-    print(f"records    {summary['records']:,} images of {h}x{w}x{c} uint8, labels {summary['label_dtype']}")
+    kind = (
+        f"labels {summary['label_dtype']}" if summary["labelled"] else "no labels (packed with --no-labels)"
+    )
+    print(f"records    {summary['records']:,} images of {h}x{w}x{c} uint8, {kind}")
     labels = summary["labels"]
     if "classes" in labels:
         print("classes    " + ", ".join(f"{k}: {v:,}" for k, v in labels["classes"].items()))
     elif labels:
         print(f"labels     min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}")
+    if "distinct" in labels:
+        counts = ", ".join(f"{k}: {v:,}" for k, v in labels.get("values", {}).items())
+        print(
+            f"values     {labels['distinct']:,} distinct whole numbers{': ' + counts if counts else ''} "
+            "(numbers, not classes: the store names no classes)"
+        )
     size, resident = summary["file_bytes"], summary["resident_bytes"]
     print(
         f"on disk    {_gb(size)}; in page cache now {_gb(resident)} ({100 * resident / max(size, 1):.0f}%), "
@@ -90,6 +99,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         skip_unlabelled=args.skip_unlabelled,
         skip_missing=args.skip_missing,
+        no_labels=args.no_labels,
         follow_symlinks=args.follow_symlinks,
         quiet=args.quiet,
     )
@@ -165,8 +175,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # A warning (classes made from unnamed labels, ...) is a line of the command's output, not
     # Python's file:line report.
     with warnings.catch_warnings():
+        from fastload.train import explain_warning
+
         warnings.showwarning = lambda message, *_, **__: print(
-            f"fastload train: warning: {message}", file=sys.stderr
+            f"fastload train: warning: {explain_warning(str(message))}", file=sys.stderr
         )
         return _train(args)
 
@@ -225,7 +237,7 @@ def _train(args: argparse.Namespace) -> int:
             runs = [{name: values[i] for name, values in varying.items()} for i in range(count)]
         options["data_seed"] = args.data_seed if args.data_seed is not None else shared.get("seed", 0)
         results = train.fit_many(args.store, runs, stack=args.stack, **options)
-        print(_runs_table(results, runs), file=sys.stderr if args.json else sys.stdout)
+        print(train.runs_table(results, runs), file=sys.stderr if args.json else sys.stdout)
     for result in results:
         who = f"run {result.name} " if result.name is not None else ""
         if result.stopped is not None:
@@ -252,46 +264,6 @@ def _read_runs_file(path: str) -> list:
     if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
         raise ValueError(f"--runs-file {path}: expected a non-empty JSON list of objects, one per run")
     return runs
-
-
-def _runs_table(results: list, runs: list) -> str:
-    """The runs side by side, best last epoch first (runs without one last): lowest validation
-    RMSE, or highest validation accuracy when classifying; with the memory each holds for its
-    parameters and optimizer state."""
-    classifying = results[0].task == "classification"  # the group's
-    # (sort key, column, column) of a last epoch's figures
-    if classifying:
-        header = ("run", "options", "val loss", "val accuracy", "steps", "state MB", "status")
-
-        def figures(last: dict) -> tuple:
-            return (-last["val_accuracy"], f"{last['val_loss']:.4g}", f"{100 * last['val_accuracy']:.1f}%")
-    else:
-        header = ("run", "options", "val MAE", "val RMSE", "steps", "state MB", "status")
-
-        def figures(last: dict) -> tuple:
-            return (last["val_rmse"], f"{last['val_mae']:.4g}", f"{last['val_rmse']:.4g}")
-
-    rows = []
-    for result, run in zip(results, runs):
-        last = result.history[-1] if result.history else None
-        key, first, second = figures(last) if last else (float("inf"), "-", "-")
-        status = "done" if result.completed else (result.stopped or "max-steps").split(":")[0]
-        rows.append(
-            (
-                key,
-                result.name,
-                " ".join(f"{k}={v}" for k, v in run.items() if k != "name") or "-",
-                first,
-                second,
-                str(result.steps),
-                f"{result.state_bytes / 1e6:.2f}",
-                status,
-            )
-        )
-    rows.sort(key=lambda row: row[0])
-    cells = [header] + [row[1:] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -335,13 +307,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("info", help="what a store holds, its size, and whether it fits in memory")
-    p.add_argument("store")
+    p = sub.add_parser(
+        "info",
+        help="what a store holds, its size, and whether it fits in memory",
+        description="Print what STORE holds (records, image shape, labels: classes with their counts, "
+        "or the labels' range), its size on disk and in the page cache, and how many such images this "
+        "machine's RAM holds as uint8 and as float32.",
+    )
+    p.add_argument("store", metavar="STORE", help="a store file written by `fastload pack` or StoreWriter")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_cmd_info)
 
-    p = sub.add_parser("verify", help="check every record of a store against its checksum")
-    p.add_argument("store")
+    p = sub.add_parser(
+        "verify",
+        help="check every record of a store against its checksum",
+        description="Recompute the checksum of every record of STORE (image and label) and list the "
+        "records that differ, with their source file when the store names it. Exit status 0: every "
+        "record matches; 1: damaged records (or not a readable store).",
+    )
+    p.add_argument("store", metavar="STORE", help="a store file written by `fastload pack` or StoreWriter")
     p.add_argument(
         "--limit",
         type=_parse_positive_int,
@@ -354,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
         "pack",
         help="turn a folder of images (and their labels) into a store",
         description="Pack every image under SRC into a new store DEST, in sorted path order. Labels come "
-        "from --labels or from class subfolders (SRC/CLASS/...). Unreadable files are skipped and listed. "
+        "from --labels or from class subfolders (SRC/CLASS/...), or there are none (--no-labels). Unreadable "
+        "files are skipped and listed, and damaged JPEGs that still decode are packed and listed as decoded "
+        "with warnings (--strict refuses both). "
         "Images (JPEG, PNG, WebP, BMP, TIFF, GIF's first frame; recognised by content) are turned upright by "
         "their EXIF orientation, composited on white where transparent, and resized with Lanczos3; images "
         f"over {_core.PACK_MAX_PIXELS // 10**6} megapixels are refused as decompression bombs.",
@@ -376,11 +362,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="squash: stretch; crop: scale the short side, cut the centre (default); pad: letterbox with --fill",
     )
     p.add_argument("--fill", type=_fill, default=(0, 0, 0), metavar="N|R,G,B", help="pad colour (default 0)")
-    p.add_argument(
+    labels = p.add_mutually_exclusive_group()
+    labels.add_argument(
         "--labels",
         metavar="FILE.csv",
-        help=f"CSV of relative/path,label rows, at most {MAX_LABELS_CSV_BYTES >> 20} MiB; paths are taken as written (spaces "
-        "included); the first row is a header only if its label is not a number and its path names no file",
+        help=f"CSV of relative/path,label rows, at most {MAX_LABELS_CSV_BYTES >> 20} MiB; paths are relative to SRC, "
+        "taken as written (spaces included); labels are numbers, or all class names (classes in sorted "
+        "order); the first row is a header only if its label is not a number and its path names no file",
+    )
+    labels.add_argument(
+        "--no-labels",
+        action="store_true",
+        help="pack every image under SRC without labels (to embed, score or pre-train): each label is 0 "
+        "(NaN with --label-dtype float64) and the store says it has none; `fastload train` refuses it",
     )
     p.add_argument(
         "--label-dtype", choices=store_mod.LABEL_DTYPES, help="default: int64 for classes and integer CSVs"
@@ -392,7 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"{_core.PACK_DECODE_MEMORY_BUDGET / 2**30:g} GiB decode-memory budget",
     )
     p.add_argument(
-        "--strict", action="store_true", help="fail, writing nothing, if any file cannot be packed"
+        "--strict",
+        action="store_true",
+        help="fail, writing nothing, if any file cannot be packed or a JPEG decodes with warnings "
+        "(damaged data); hidden files such as .DS_Store are skipped by rule, not failures",
     )
     p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
     p.add_argument("--skip-unlabelled", action="store_true", help="leave out images without a label")
@@ -590,7 +587,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="training epochs (default 12; 8 with --quick)")
     p.add_argument("--quick", action="store_true", help="a smaller run, under a minute on 2 cores")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the generated photos and their exposures, and of the model and the validation split "
+        "(default 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of text")
     p.set_defaults(run=_cmd_demo)
 

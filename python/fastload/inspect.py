@@ -1,6 +1,7 @@
 """What a store and this machine hold: the summary behind `fastload info`, the damaged
-records behind `fastload verify`, and the memory plan (uint8 records against cached
-float32 tensors, against this machine's RAM and cores)."""
+records behind `fastload verify`, the memory plan (uint8 records against cached
+float32 tensors, against this machine's RAM and cores), and how this fastload was built
+(`build_info`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,30 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from fastload import _core
 from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store, shared_class_names
 
-__all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores"]
+__all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores", "build_info", "NO_JPEG_SIMD"]
+
+#: What a build whose JPEG decoder has no SIMD costs, and the fix.
+NO_JPEG_SIMD = (
+    "JPEG decoding in this fastload runs without SIMD (the extension was compiled without nasm, "
+    "or this CPU lacks SSE2/NEON): `fastload pack` decodes JPEGs at full or half size 1.4-2.7x slower "
+    "(benches/RESULTS.md). Install nasm (apt-get install nasm) and reinstall fastload"
+)
+
+
+def build_info() -> dict:
+    """How this fastload was built, where it changes speed: ``version``, and ``jpeg_simd``,
+    whether libjpeg-turbo decodes JPEGs with SIMD here. A build made without ``nasm`` on x86
+    has none (the JPEG library's build only prints a warning, which pip hides), and neither
+    has a CPU without SSE2/NEON; ``jpeg_simd_note`` then says what that costs."""
+    simd = _core.pack_jpeg_simd()
+    return {
+        "version": _core.__version__,
+        "jpeg_simd": simd,
+        **({} if simd else {"jpeg_simd_note": NO_JPEG_SIMD}),
+    }
 
 
 def usable_cores() -> int:
@@ -67,22 +89,38 @@ def _class_counts(labels: np.ndarray, names: Optional[list]) -> Dict[str, int]:
     return dict(zip(keys, counts.tolist()))
 
 
+#: Distinct values of whole-number labels without class names that `info` counts one by one.
+MAX_VALUES_COUNTED = 20
+
+
 def info(path: PathLike) -> dict:
-    """A summary of a store: size, shape, label statistics, page-cache residency and memory plan."""
+    """A summary of a store: size, shape, label statistics, page-cache residency and memory plan.
+
+    Labels: records per class when the store names its classes (``classes``); else min, max
+    and mean, with ``distinct`` and, for at most ``MAX_VALUES_COUNTED`` of them, the records
+    per value (``values``) when they are whole numbers; nothing for a store packed without
+    labels (``labelled`` False)."""
     with Store(path) as store:
         labels = np.asarray(store.labels)
-        if store.label_dtype == np.int64:
-            stats = {"classes": _class_counts(labels, _meta_list(store, "class_names"))}
-        elif len(labels):
-            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
-        else:
+        names = _meta_list(store, "class_names")
+        if not store.labelled or not len(labels):
             stats = {}
+        elif store.label_dtype == np.int64 and names is not None:
+            stats = {"classes": _class_counts(labels, names)}
+        else:
+            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
+            if store.label_dtype == np.int64:
+                distinct = len(np.unique(labels))
+                stats["distinct"] = distinct
+                if distinct <= MAX_VALUES_COUNTED:
+                    stats["values"] = _class_counts(labels, None)
         resident, size = store.resident_bytes()
         return {
             "path": str(store.path),
             "records": len(store),
             "shape": list(store.shape),
             "label_dtype": str(store.label_dtype),
+            "labelled": store.labelled,
             "labels": stats,
             "file_bytes": size,
             "resident_bytes": resident,

@@ -6,7 +6,8 @@ thread appends the previous chunk to the store from the other.
 Decoding choices (format sniffed from the bytes, EXIF orientation applied, alpha on
 white, Lanczos3 antialiased resampling like Pillow's `Image.LANCZOS`, a 100-megapixel /
 1 GiB limit against decompression bombs, one decode-memory budget shared by all threads,
-named pipes and devices refused without blocking) are documented in `rust/pack.rs`.
+named pipes and devices refused without blocking, libjpeg's warnings about damaged data kept)
+are documented in `rust/pack.rs`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 from fastload import _core
 from fastload.options import MAX_LABELS_CSV_BYTES, RESIZE_MODES
 from fastload.progress import Progress
-from fastload.store import LABEL_DTYPES, PathLike, StoreWriter, _fspath, shared_class_names
+from fastload.store import LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter, _fspath, shared_class_names
 
 #: Extensions taken for images when a file has no label (other unlabelled files are not images).
 IMAGE_EXTENSIONS = frozenset(
@@ -68,6 +69,8 @@ class PackReport:
     records: int
     shape: Tuple[int, int, int]
     skipped: List[Tuple[str, str]] = field(default_factory=list)
+    #: (file, libjpeg's warnings) of the images packed although damaged (`strict` refuses them)
+    decode_warnings: List[Tuple[str, List[str]]] = field(default_factory=list)
     seconds: float = 0.0
     files_read: int = 0
     source_bytes: int = 0
@@ -96,6 +99,12 @@ class PackReport:
                 f"skipped {len(self.skipped):,} file(s) (all listed in the store's meta['skipped']):"
             )
             lines.append(_listed(_named(self.skipped), limit=50)[1:])
+        if self.decode_warnings:
+            lines.append(
+                f"decoded with warnings: {len(self.decode_warnings):,} damaged image(s), packed as decoded "
+                "(listed in the store's meta['decode_warnings']; --strict / strict=True refuses them):"
+            )
+            lines.append(_listed(_named([(n, "; ".join(w)) for n, w in self.decode_warnings]), limit=50)[1:])
         return "\n".join(lines)
 
 
@@ -103,8 +112,12 @@ class PackReport:
 UNLABELLED_SKIPPED = "no label (skipped by request)"
 #: Reason recorded for CSV rows naming no file, left out by `skip_missing`: a choice too.
 MISSING_SKIPPED = "in the labels CSV, but no such file (skipped by request)"
-#: What `strict` does not count as a bad file.
-CHOSEN_SKIPS = (UNLABELLED_SKIPPED, MISSING_SKIPPED)
+#: Reasons of files left out by rule, never read: hidden ones (`.DS_Store`), and files that are
+#: neither labelled nor named like an image (a README beside the images of a labels CSV).
+HIDDEN_FILE, HIDDEN_FOLDER = "hidden file", "hidden folder"
+NOT_AN_IMAGE_FILE = "not an image file (no label, no image extension)"
+#: What `strict` does not count as a bad file: choices and rules, not images that cannot be trusted.
+CHOSEN_SKIPS = (UNLABELLED_SKIPPED, MISSING_SKIPPED, HIDDEN_FILE, HIDDEN_FOLDER, NOT_AN_IMAGE_FILE)
 
 
 def _megabytes(n: int) -> str:
@@ -125,6 +138,11 @@ def _printable(name: str) -> str:
 def _named(problems: Sequence[Tuple[str, str]]) -> List[str]:
     """`file: reason` lines, the names made printable."""
     return [f"{_printable(name)}: {reason}" for name, reason in problems]
+
+
+def _warned(decode_warnings: Sequence[Tuple[str, List[str]]]) -> List[Tuple[str, str]]:
+    """(file, "decoded with warnings: ...") of each image libjpeg warned about."""
+    return [(name, "decoded with warnings: " + "; ".join(warnings)) for name, warnings in decode_warnings]
 
 
 def _listed(problems: Sequence[str], limit: Optional[int] = MAX_LISTED) -> str:
@@ -178,7 +196,7 @@ def _walk(
                 continue
             refusal = entry.is_symlink() and _link_refusal(entry.path, real_src, follow_symlinks)
             if entry.name.startswith("."):
-                skipped.append((rel, f"hidden {'folder' if is_dir else 'file'}"))
+                skipped.append((rel, HIDDEN_FOLDER if is_dir else HIDDEN_FILE))
             elif refusal:
                 skipped.append((rel, refusal))
             elif is_dir:
@@ -280,13 +298,16 @@ def _name_in_csv(cell: str, src: Path) -> str:
 
 def _read_label_csv(
     csv_path: Path, src: Path, files: set, label_dtype: Optional[str], skip_missing: bool = False
-) -> Tuple[Dict[str, Union[int, float]], str, List[str]]:
+) -> Tuple[Dict[str, Union[int, float]], str, List[str], Optional[List[str]]]:
     """Labels by relative path from a `path,label` CSV (header row optional, UTF-8 with or
-    without BOM, LF or CRLF), the label dtype, and the names of rows whose file does not
-    exist when `skip_missing` (otherwise those rows are errors). Every bad row is reported
-    with its line.
-    The first row is a header only when its label is not a number and its path names no
-    file under `src`; any other bad first row is reported like the rest."""
+    without BOM, LF or CRLF), the label dtype, the names of rows whose file does not
+    exist when `skip_missing` (otherwise those rows are errors), and the class names when
+    the labels are names rather than numbers (each name a class, in sorted order; None
+    otherwise). Every bad row is reported with its line; when no row names a file, one
+    message says so, and which leading folders the paths have too many.
+    The first row is a header only when its label is not a number (nor a label of another
+    row) and its path names no file under `src`; any other bad first row is reported like
+    the rest."""
     try:
         text = _read_csv_bytes(csv_path).decode("utf-8-sig")
         reader = csv.reader(io.StringIO(text, newline=""))
@@ -297,39 +318,103 @@ def _read_label_csv(
         raise ValueError(f"{csv_path}: not a CSV file: {exc}") from None
     if rows and len(rows[0][1]) == 2:
         path, label = rows[0][1]
-        if not _is_number(label) and _name_in_csv(path, src) not in files:
+        names_below = {r[1].strip() for _, r in rows[1:] if len(r) == 2}  # a class name is data
+        if (
+            not _is_number(label)
+            and _name_in_csv(path, src) not in files
+            and label.strip() not in names_below
+        ):
             rows = rows[1:]  # a header row
-    if label_dtype is None:
+    named = [len(r) == 2 and bool(r[1].strip()) and not _is_number(r[1]) for _, r in rows]
+    class_names = None
+    if rows and all(named) and label_dtype != "float64":
+        class_names = sorted({r[1].strip() for _, r in rows})
+        shared = shared_class_names(class_names)
+        if shared:
+            raise ValueError(f"{csv_path}: class names that read as one name: {'; '.join(shared)}")
+        label_dtype = "int64"
+    elif label_dtype is None:
         label_dtype = "int64" if all(len(r) == 2 and _is_int(r[1]) for _, r in rows) else "float64"
+    index = {name: i for i, name in enumerate(class_names or [])}
     labels: Dict[str, Union[int, float]] = {}
     first_line: Dict[str, int] = {}
-    problems, missing = [], []
+    problems: List[Tuple[int, str]] = []
+    missing: List[Tuple[int, str]] = []
     for line, row in rows:
         if len(row) != 2:
-            problems.append(f"line {line}: expected 2 columns (path,label), found {len(row)}")
+            problems.append((line, f"line {line}: expected 2 columns (path,label), found {len(row)}"))
             continue
         name = _name_in_csv(row[0], src)
         shown = _printable(name)
+        if name not in files:
+            missing.append((line, name))
+            continue
         try:
-            value = _parse_label(row[1], label_dtype)
+            value = index[row[1].strip()] if class_names else _parse_label(row[1], label_dtype)
         except ValueError as exc:
-            problems.append(f"line {line}: {shown}: {exc}")
+            problems.append((line, f"line {line}: {shown}: {exc}"))
             continue
         if name in first_line:
-            problems.append(f"line {line}: {shown} already has a label on line {first_line[name]}")
-        elif name not in files:
-            if skip_missing:
-                missing.append(name)
-            else:
-                problems.append(
-                    f"line {line}: {shown} does not exist in {src} (skip_missing=True / --skip-missing to leave it out)"
-                )
+            problems.append((line, f"line {line}: {shown} already has a label on line {first_line[name]}"))
         else:
             first_line[name] = line
             labels[name] = value
+    if missing and len(missing) == sum(len(r) == 2 for _, r in rows):
+        # No row names a file: leaving the rows out (skip_missing) would leave nothing to pack.
+        raise ValueError(_no_row_names_a_file(csv_path, src, files, [name for _, name in missing]))
+    advice = ""
+    if missing and not skip_missing:
+        problems += [
+            (line, f"line {line}: {_printable(name)} does not exist in {src}") for line, name in missing
+        ]
+        advice = f" ({len(missing)} name no file: skip_missing=True / --skip-missing leaves those rows out)"
+    if any(named) and not all(named):
+        advice += "; labels are numbers, or all of them class names (made classes in sorted order)"
     if problems:
-        raise ValueError(f"{csv_path}: {len(problems)} bad row(s):{_listed(problems)}")
-    return labels, label_dtype, missing
+        listed = [text for _, text in sorted(problems)]
+        raise ValueError(f"{csv_path}: {len(problems)} bad row(s){advice}:{_listed(listed)}")
+    return labels, label_dtype, [name for _, name in missing], class_names
+
+
+def _extra_prefix(names: Sequence[str], files: set) -> Optional[str]:
+    """The leading folders every one of `names` has beyond a file of SRC (`classes/` when
+    `classes/cat/1.jpg` is `cat/1.jpg` in SRC), or None when they share none."""
+    prefixes = set()
+    for name in names:
+        parts = name.split("/")
+        found = next((k for k in range(1, len(parts)) if "/".join(parts[k:]) in files), None)
+        if found is None:
+            return None
+        prefixes.add("/".join(parts[:found]) + "/")
+        if len(prefixes) > 1:
+            return None
+    return prefixes.pop() if prefixes else None
+
+
+def _no_row_names_a_file(csv_path: Path, src: Path, files: set, names: List[str]) -> str:
+    """Why not one row of the labels CSV names a file of SRC, said once: the folders the paths
+    have too many, and where they would name files (the CSV's folder, SRC's parent)."""
+    head = (
+        f"{csv_path}: its one row's path {_printable(names[0])} does not exist in SRC ({src})"
+        if len(names) == 1
+        else f"{csv_path}: none of its {len(names)} paths names a file in SRC ({src})"
+    ) + "; paths are read relative to SRC"
+    bases = [("the CSV's folder", csv_path.parent), ("SRC's parent", src.parent)]
+    where = next(
+        (f"{what} ({folder})" for what, folder in bases if all((folder / n).is_file() for n in names)), None
+    )
+    prefix = _extra_prefix(names, files)
+    if prefix is not None:
+        shown = _printable(prefix)
+        there = f": they are relative to {where}" if where else ""
+        return (
+            f"{head}, and all {len(names)} start with `{shown}`{there}. Write them relative to SRC "
+            f"(without `{shown}`), e.g. `{_printable(names[0][len(prefix) :])}`"
+        )
+    there = f"; they name files relative to {where}: write them relative to SRC" if where else ""
+    return f"{head} (`cat/1.jpg` for {src}/cat/1.jpg){there}. The first rows name:" + _listed(
+        [_printable(n) for n in names], limit=3
+    )
 
 
 def _find_labels(
@@ -340,22 +425,31 @@ def _find_labels(
     top_folders: List[str],
     label_dtype: Optional[str],
     skip_missing: bool = False,
+    no_labels: bool = False,
 ) -> Tuple[Dict[str, Union[int, float]], str, Optional[List[str]], str]:
-    """Labels by relative path (from the CSV, else from the class folders `top_folders`),
-    the label dtype, the class names (None for a CSV), and where a missing label should
-    have come from. CSV rows for files that do not exist are added to `skipped` when
-    `skip_missing`."""
+    """Labels by relative path (from the CSV, else from the class folders `top_folders`;
+    with `no_labels`, the placeholder 0 or NaN for every image file), the label dtype, the
+    class names (None for a CSV of numbers), and where a missing label should have come from. CSV rows
+    for files that do not exist are added to `skipped` when `skip_missing`."""
+    if no_labels:
+        label_dtype = label_dtype or "int64"
+        placeholder = 0 if label_dtype == "int64" else math.nan
+        images = [f for f in files if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+        return {f: placeholder for f in images}, label_dtype, None, ""
     if csv_path is not None:
         listed = set(files).union(name for name, _ in skipped)
-        by_path, label_dtype, missing = _read_label_csv(csv_path, src, listed, label_dtype, skip_missing)
+        by_path, label_dtype, missing, class_names = _read_label_csv(
+            csv_path, src, listed, label_dtype, skip_missing
+        )
         skipped.extend((name, MISSING_SKIPPED) for name in missing)
-        return by_path, label_dtype, None, f"{csv_path.name} has no row for them"
+        return by_path, label_dtype, class_names, f"{csv_path.name} has no row for them"
     class_names = top_folders
     if not class_names:
         raise ValueError(
             f"{src}: no labels. Either pass a CSV of `relative/path,label` rows "
             "(labels=... / --labels FILE.csv), or put the images in one subfolder per class "
-            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order)"
+            f"({src}/CLASS_NAME/image.jpg; labels are class indices in sorted name order), or pack "
+            "them without labels (no_labels=True / --no-labels: every label 0, NaN for float64)"
         )
     shared = shared_class_names(class_names)  # folders differ as bytes, but may read the same
     if shared:
@@ -385,7 +479,7 @@ def _split_unlabelled(
             unlabelled.append(f)
             left_out.append((f, UNLABELLED_SKIPPED))
         else:
-            left_out.append((f, "not an image file (no label, no image extension)"))
+            left_out.append((f, NOT_AN_IMAGE_FILE))
     if unlabelled and not skip_unlabelled:
         raise ValueError(
             f"{len(unlabelled)} image(s) have no label: {hint}. Label them, or pass "
@@ -453,6 +547,7 @@ def pack(
     overwrite: bool = False,
     skip_unlabelled: bool = False,
     skip_missing: bool = False,
+    no_labels: bool = False,
     follow_symlinks: bool = False,
     quiet: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
@@ -466,20 +561,32 @@ def pack(
 
     Labels come from `labels`, a CSV of `relative/path,label` rows, or else from class
     folders (`src/CLASS/...`: the label is the index of CLASS in sorted order, and the
-    names go to `meta["class_names"]`). `label_dtype` is "int64" or "float64" (default:
-    int64 for classes and all-integer CSVs). An image without a label is an error
+    names go to `meta["class_names"]`). A CSV's labels are numbers, or all of them class
+    names (`cat/1.jpg,cats`), which become classes as folders do: the index of the name in
+    sorted order, the names in `meta["class_names"]`. `label_dtype` is "int64" or "float64"
+    (default: int64 for classes and all-integer CSVs). An image without a label is an error
     unless `skip_unlabelled`. In the CSV (at most 128 MiB), paths are taken as written,
     spaces included; labels may have spaces around them and must fit their dtype (a
     label out of int64 or float64 range names its line). The first row is a header only
     when its label is not a number and its path names no file; any other bad row,
     the first included, is reported with its line. A row naming a file that does not
-    exist is an error unless `skip_missing`, which lists it as skipped instead. A folder
-    with no image files at all is "no images found".
+    exist is an error unless `skip_missing`, which lists it as skipped instead; when no
+    row names a file, one message says so, naming the leading folders (`classes/`) the
+    paths have beyond SRC's files and where they would name files. A folder
+    with no image files at all is "no images found". With `no_labels` (for embedding,
+    scoring or pre-training), every image file under `src` is packed, folders included,
+    with the placeholder label 0 (NaN with label_dtype="float64"), and `meta["labels"]`
+    is "none" (`Store.labelled` is False), which `fastload train` refuses.
 
     Files that cannot be packed (not images, corrupt, truncated, hidden, not regular
     files, ...) are skipped and listed with their reason in the report and in
-    `meta["skipped"]`; with `strict`, any such file makes the pack fail (BadFilesError)
-    naming them all. Names are printed with control characters escaped. Symbolic links
+    `meta["skipped"]`. JPEGs that decode with libjpeg warnings (damaged entropy-coded data:
+    "corrupt JPEG data", "premature end", "bad Huffman code") are packed as decoded and
+    listed with the warnings in the report and in `meta["decode_warnings"]`. With `strict`,
+    any file that cannot be packed or decodes with warnings makes the pack fail
+    (BadFilesError) naming them all; files left out by rule or by request (hidden files
+    such as `.DS_Store`, unlabelled non-image files, `skip_unlabelled`, `skip_missing`)
+    do not. Names are printed with control characters escaped. Symbolic links
     into `src` are followed; links out of it are skipped unless `follow_symlinks`, and a
     link to a folder that contains `src` (such as `/`) is never followed.
 
@@ -508,6 +615,10 @@ def pack(
         raise ValueError(f"label_dtype must be {' or '.join(map(repr, LABEL_DTYPES))}, not {label_dtype!r}")
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool)):
         raise ValueError(f"workers must be an int, not {workers!r}")
+    if no_labels and csv_path is not None:
+        raise ValueError(
+            f"no_labels / --no-labels packs without labels: pass it or labels ({csv_path}), not both"
+        )
     decoder = _core.PackDecoder(height, width, resize, rgb_fill, workers)
     _check_paths(src, dest, csv_path, overwrite)
 
@@ -523,7 +634,7 @@ def pack(
         )
 
     by_path, label_dtype, class_names, unlabelled_hint = _find_labels(
-        src, csv_path, files, skipped, top_folders, label_dtype, skip_missing
+        src, csv_path, files, skipped, top_folders, label_dtype, skip_missing, no_labels
     )
     todo, left_out = _split_unlabelled(files, by_path, skip_unlabelled, unlabelled_hint)
     skipped += left_out
@@ -553,14 +664,16 @@ def pack(
             "fill": list(rgb_fill),
             "filter": "lanczos3",
             "alpha_background": list(_core.PACK_ALPHA_BACKGROUND),
-            "labels": str(csv_path) if csv_path is not None else "class folders",
+            "labels": NO_LABELS if no_labels else str(csv_path) if csv_path is not None else "class folders",
             "label_dtype": label_dtype,
             "source": str(src.resolve()),
         },
         **({"class_names": class_names} if class_names is not None else {}),
+        **({"labels": NO_LABELS} if no_labels else {}),
     }
     sources: List[str] = []
     failed: List[Tuple[str, str]] = []
+    warned: List[Tuple[str, int, List[str]]] = []  # (file, record, warnings)
     source_bytes = 0
     bar = Progress(not quiet and sys.stderr.isatty(), len(todo), desc="packing", unit=" files")
     try:
@@ -570,11 +683,16 @@ def pack(
                 for k, start in enumerate(range(0, len(todo), chunk)):
                     names, buffer = todo[start : start + chunk], buffers[k % 2]
                     outcomes = decoder.decode_into([str(src / n) for n in names], buffer)
-                    ok = [i for i, (_, reason) in enumerate(outcomes) if reason is None]
+                    ok = [i for i, (_, reason, _) in enumerate(outcomes) if reason is None]
                     failed += [
-                        (names[i], reason) for i, (_, reason) in enumerate(outcomes) if reason is not None
+                        (names[i], reason) for i, (_, reason, _) in enumerate(outcomes) if reason is not None
                     ]
-                    source_bytes += sum(read for read, _ in outcomes)
+                    warned += [
+                        (names[i], len(sources) + j, outcomes[i][2])
+                        for j, i in enumerate(ok)
+                        if outcomes[i][2]
+                    ]
+                    source_bytes += sum(read for read, _, _ in outcomes)
                     images = buffer[: len(names)] if len(ok) == len(names) else buffer[ok]
                     if writing is not None:
                         writing.result()  # the previous chunk is written: its buffer is free
@@ -589,7 +707,8 @@ def pack(
                 if writing is not None:
                     writing.result()
             skipped = sorted(skipped + failed)
-            bad = [s for s in skipped if s[1] not in CHOSEN_SKIPS]
+            damaged = [(name, warnings) for name, _, warnings in warned]
+            bad = sorted([s for s in skipped if s[1] not in CHOSEN_SKIPS] + _warned(damaged))
             if strict and bad:
                 raise BadFilesError(
                     f"{len(bad)} file(s) in {src} cannot be packed (strict): nothing was written:"
@@ -602,6 +721,9 @@ def pack(
                 )
             writer.meta["sources"] = sources
             writer.meta["skipped"] = [{"file": _display(n), "reason": r} for n, r in skipped]
+            writer.meta["decode_warnings"] = [
+                {"file": _display(n), "record": i, "warnings": w} for n, i, w in warned
+            ]
     finally:
         bar.close()
     return PackReport(
@@ -609,6 +731,7 @@ def pack(
         records=len(sources),
         shape=(height, width, 3),
         skipped=[(_display(n), r) for n, r in skipped],
+        decode_warnings=[(_display(n), w) for n, _, w in warned],
         seconds=time.perf_counter() - started,
         files_read=len(todo),
         source_bytes=source_bytes,

@@ -19,6 +19,8 @@ from fastload._core import StoreError, __version__
 PathLike = Union[str, "os.PathLike[str]"]
 
 LABEL_DTYPES = ("float64", "int64")
+#: `meta["labels"]` of a store packed without labels: every label is a placeholder (0, or NaN for float64).
+NO_LABELS = "none"
 INT64_MAX = np.iinfo(np.int64).max
 # Damaged records `verify` lists by default: enough to act on, bounded whatever the damage.
 VERIFY_LIMIT = 1000
@@ -154,6 +156,12 @@ class Store:
         if self._meta is None:
             self._meta = json.loads(self._core.meta_json)
         return self._meta
+
+    @property
+    def labelled(self) -> bool:
+        """False for a store packed without labels (`meta["labels"] == "none"`), whose labels
+        are placeholders: 0, or NaN for float64."""
+        return self.meta.get("labels") != NO_LABELS
 
     @property
     def images(self) -> np.ndarray:

@@ -8,12 +8,13 @@ use pyo3::prelude::*;
 
 use super::to_py;
 use crate::pack::{
-    max_workers, Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND, DECODE_MEMORY_BUDGET,
-    MAX_DECODE_ALLOC, MAX_PIXELS,
+    jpeg_simd, max_workers, Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND,
+    DECODE_MEMORY_BUDGET, MAX_DECODE_ALLOC, MAX_PIXELS,
 };
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CoreDecoder>()?;
+    m.add_function(wrap_pyfunction!(pack_jpeg_simd, m)?)?;
     m.add("PACK_MAX_PIXELS", MAX_PIXELS)?;
     m.add("PACK_MAX_DECODE_ALLOC", MAX_DECODE_ALLOC)?;
     m.add("PACK_ALPHA_BACKGROUND", ALPHA_BACKGROUND)?;
@@ -21,6 +22,16 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PACK_MAX_WORKERS", max_workers().0)?;
     Ok(())
 }
+
+/// Whether libjpeg-turbo decodes JPEGs with SIMD in this build on this CPU.
+#[pyfunction]
+fn pack_jpeg_simd() -> bool {
+    jpeg_simd()
+}
+
+/// One file's outcome as Python gets it: (bytes read, None, libjpeg's warnings), or
+/// (0, why it failed, []).
+type PyOutcome = (u64, Option<String>, Vec<String>);
 
 /// The Rust side of `fastload.pack`.
 #[pyclass(frozen, name = "PackDecoder", module = "fastload._core")]
@@ -68,7 +79,7 @@ impl CoreDecoder {
     }
 
     /// Decodes `paths[i]` into record `i` of `out` (uint8, C-contiguous), GIL released.
-    /// Returns one (bytes read, None) or (0, reason) per path. Signals are checked while
+    /// Returns one (bytes read, None, decoder warnings) or (0, reason, []) per path. Signals are checked while
     /// the files decode, so Ctrl-C raises KeyboardInterrupt here within about a file's
     /// decoding time.
     fn decode_into(
@@ -76,7 +87,7 @@ impl CoreDecoder {
         py: Python<'_>,
         paths: Vec<PathBuf>,
         mut out: PyReadwriteArrayDyn<'_, u8>,
-    ) -> PyResult<Vec<(u64, Option<String>)>> {
+    ) -> PyResult<Vec<PyOutcome>> {
         let out = out
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
@@ -95,8 +106,8 @@ impl CoreDecoder {
         Ok(outcomes
             .into_iter()
             .map(|o| match o {
-                Ok(bytes) => (bytes, None),
-                Err(reason) => (0, Some(reason)),
+                Ok(packed) => (packed.bytes_read, None, packed.warnings),
+                Err(reason) => (0, Some(reason), vec![]),
             })
             .collect())
     }

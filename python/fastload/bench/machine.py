@@ -1,4 +1,4 @@
-"""The machine a bench ran on: CPU, cores, RAM, GPU and library versions."""
+"""The machine a bench ran on: CPU, cores, RAM, GPU, library versions and how fastload was built."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import torch
 
 from fastload import _core
 from fastload._core import __version__
-from fastload.inspect import machine_memory, usable_cores
+from fastload.inspect import build_info, machine_memory, usable_cores
 
 
 def describe_machine() -> dict:
-    """CPU, cores, RAM, GPU and library versions, recorded with every figure."""
+    """CPU, cores, RAM, GPU, library versions and fastload's build (`build_info`), recorded with
+    every figure."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -39,6 +40,7 @@ def describe_machine() -> dict:
         "ram_bytes": machine_memory(),
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "platform": platform.platform(),
+        "build": build_info(),
         "versions": {
             "python": platform.python_version(),
             "fastload": __version__,

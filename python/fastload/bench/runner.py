@@ -175,9 +175,12 @@ def run(
         shutil.rmtree(workdir, ignore_errors=True)
 
     memory = memory_plan(images, (size, size, 3)) if images is not None else memory_plan(ctx.count, ctx.shape)
+    machine = describe_machine()
+    if not machine["build"]["jpeg_simd"]:
+        results["warnings"].append(machine["build"]["jpeg_simd_note"])
     results.update(
         {
-            "machine": describe_machine(),
+            "machine": machine,
             "config": {
                 "store": None if store is None else str(Path(store).resolve()),
                 "temporary_store": store is None,

@@ -690,7 +690,10 @@ class _LatticeBank(nn.Module):
         else:
             base = (_cell_index(cell) * self._strides).sum(-1, keepdim=True)
             if x.device.type == "cpu":
-                one_hot = values.new_zeros(*base.shape[:2], values.shape[1]).scatter_(2, base, 1.0)
+                # A comparison, not scatter_: vmap (fit_many's stacked runs) has no batching rule
+                # for scatter_ with a scalar and would loop over the runs.
+                cells = torch.arange(values.shape[1], device=x.device)
+                one_hot = (base == cells).to(values.dtype)
                 corners = torch.bmm(one_hot, values)  # (L, N, 2^D)
             else:  # GPU matrix products may round to TF32; indexing is exact and fast there
                 lattice = torch.arange(values.shape[0], device=x.device)[:, None]

@@ -24,7 +24,7 @@ from fastload.train.checkpoint import load_checkpoint, load_group, store_fingerp
 from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
-from fastload.train.report import epoch_logger, format_epoch
+from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
 from fastload.train.trainer import (
     Diverged,
     FitResult,
@@ -123,16 +123,18 @@ def fit_many(
     docs/RELIABILITY.md, "Group checkpoints"). Refused before any training (ValueError): a bad
     option (named with its run), duplicate or unsafe names, and runs whose parameters and
     optimizer state (``FitResult.state_bytes``) do not fit the device's memory together.
+    A missing ``checkpoint`` folder is created (one level, as ``mkdir``; its parent must exist).
     """
     if not runs:
         raise ValueError("runs is empty: give one dict of options per run")
     folders = {key: shared.pop(key, None) for key in ("checkpoint", "resume")}
-    for key, folder in folders.items():
-        if folder is not None and not os.path.isdir(folder):
-            raise ValueError(
-                f"{key} {folder}: with several runs it must be an existing folder (one file per run)"
-            )
+    resume = folders["resume"]
+    if resume is not None and not os.path.isdir(resume):
+        raise ValueError(
+            f"resume {resume}: with several runs it must be an existing folder (one file per run)"
+        )
     base = TrainConfig(store, **shared)
+    _make_checkpoint_folder(folders["checkpoint"])
     configs, names = [], []
     for i, run in enumerate(runs):
         run = dict(run)
@@ -164,6 +166,23 @@ def fit_many(
         _check_state_memory(configs, names, data, base.torch_device)
         trainers = [Trainer(c, data, stream.steps_per_epoch, s, n) for c, s, n in zip(configs, saved, names)]
         return train_many(stream, trainers, stack)
+
+
+def _make_checkpoint_folder(folder: Optional[PathLike]) -> None:
+    """Creates the checkpoint folder of a fit_many group when missing, one level as ``mkdir``
+    does (its parent must exist): the runs' checkpoint files go in it."""
+    if folder is None or os.path.isdir(folder):
+        return
+    where = f"checkpoint {os.fspath(folder)}: with several runs it is a folder (one file per run)"
+    if os.path.lexists(folder):
+        raise ValueError(f"{where}, and a file of that name exists")
+    parent = os.path.dirname(os.path.abspath(folder))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{where}; its parent {parent} does not exist (create it first)")
+    try:
+        os.mkdir(folder)
+    except OSError as exc:
+        raise ValueError(f"{where}; cannot create it: {exc.strerror}") from None
 
 
 def _check_state_memory(
@@ -198,6 +217,7 @@ __all__ = [
     "build_model",
     "check_outputs",
     "epoch_logger",
+    "explain_warning",
     "fit",
     "fit_many",
     "Diverged",
@@ -207,5 +227,6 @@ __all__ = [
     "option_problem",
     "prepare_images",
     "resolve_device",
+    "runs_table",
     "store_fingerprint",
 ]

@@ -96,6 +96,11 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         val_store = train_store
         train_idx, val_idx = split_indices(train_store, config.val_fraction, seed=config.data_seed)
         train_idx, val_idx = np.asarray(train_idx), np.asarray(val_idx)
+    if val is None and len(train_store) < 2:
+        raise ValueError(
+            f"store {train_store.path} has {len(train_store)} record(s); training with a validation "
+            "split needs at least 2 (one to train on, one to validate), or pass a validation store"
+        )
     if len(val_idx) == 0:
         raise ValueError(
             f"the validation split of {train_store.path} is empty ({len(train_store)} records, "
@@ -278,6 +283,11 @@ def _open_store(store: Union[Store, PathLike], what: str) -> Store:
     opened = store if isinstance(store, Store) else Store(store)
     if len(opened) == 0:
         raise ValueError(f"{what} {opened.path} holds no records")
+    if not opened.labelled:
+        raise ValueError(
+            f"{what} {opened.path} has no labels (packed with --no-labels / no_labels=True): training needs "
+            "a label per record; pack the images with labels (--labels FILE.csv, or class folders)"
+        )
     return opened
 
 

@@ -1,9 +1,11 @@
 """How a run's epochs are reported: a human line (:func:`format_epoch`) or JSON, on stdout and
-optionally appended to a file (:func:`epoch_logger`, the ``log`` of :func:`~fastload.train.fit`)."""
+optionally appended to a file (:func:`epoch_logger`, the ``log`` of :func:`~fastload.train.fit`);
+a fit_many group's runs side by side (:func:`runs_table`)."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Optional, TextIO
 
@@ -31,26 +33,95 @@ def format_epoch(metrics: dict) -> str:
             f"val MAE {metrics['val_mae']:.4g}  RMSE {metrics['val_rmse']:.4g} "
             f"(mean baseline {metrics['baseline_rmse']:.4g})  "
         )
-    line += f"{metrics['images_per_s']:,.0f} img/s  data wait {100 * metrics['data_wait_fraction']:.1f}%"
+    if "images_per_s_all_runs" in metrics:  # a run of a fit_many group: each trains on every batch
+        line += f"{metrics['images_per_s']:,.0f} img/s per run ({metrics['images_per_s_all_runs']:,.0f} all runs)  "
+    else:
+        line += f"{metrics['images_per_s']:,.0f} img/s  "
+    line += f"data wait {100 * metrics['data_wait_fraction']:.1f}%"
     if "gpu_max_memory_bytes" in metrics:
         line += f"  GPU memory {metrics['gpu_max_memory_bytes'] / 2**30:.2f} GiB"
     if "gpu_utilization_percent" in metrics:
         line += f"  GPU busy {metrics['gpu_utilization_percent']}%"
     if "val_accuracy" in metrics:
-        line += "  " + _class_counts(metrics["val_correct"], metrics["val_support"])
+        line += "  " + _class_counts(
+            metrics["val_correct"], metrics["val_support"], metrics.get("class_names")
+        )
     return line
 
 
-def _class_counts(correct: list, support: list) -> str:
-    """Correct/records per validation class: every class, or the least accurate ones (a class
-    without validation records has no accuracy, so it comes after every class that has one)."""
+def _class_counts(correct: list, support: list, names: Optional[list] = None) -> str:
+    """Correct/records per validation class, by name (by index without ``names``): every class,
+    or the least accurate ones (a class without validation records has no accuracy, so it comes
+    after every class that has one)."""
     classes = list(range(len(support)))
+    names = names if names is not None and len(names) == len(support) else [str(c) for c in classes]
     shown = "correct per class"
     if len(classes) > CLASSES_SHOWN:
         classes = sorted(classes, key=lambda c: (support[c] == 0, correct[c] / max(support[c], 1)))
         classes = classes[:CLASSES_SHOWN]
         shown = f"least accurate {CLASSES_SHOWN} of {len(support)} classes"
-    return f"{shown}: " + " ".join(f"{c}:{correct[c]}/{support[c]}" for c in classes)
+    return f"{shown}: " + " ".join(f"{names[c]}:{correct[c]}/{support[c]}" for c in classes)
+
+
+#: PyTorch's warning when vmap (``fit_many(stack=True)``) meets an operation it has no batched
+#: kernel for; its "Please file us an issue on GitHub" is addressed to PyTorch's users.
+VMAP_FALLBACK = re.compile(
+    r"There is a performance drop because we have not yet implemented the batching rule for (\S+?)\.? "
+)
+
+
+def explain_warning(message: str) -> str:
+    """A warning raised while training, in fastload's words where it is one PyTorch addresses
+    to its own users (the vmap fallback of stacked runs), else unchanged."""
+    fallback = VMAP_FALLBACK.search(message)
+    if fallback is None:
+        return message
+    return (
+        f"stacked runs: PyTorch's vmap has no batched kernel for {fallback.group(1)}, so it computes "
+        "that operation one run at a time: the results are the same, the speed-up of --stack is "
+        "smaller (PyTorch's own message asks to report this to PyTorch, not to fastload)"
+    )
+
+
+def runs_table(results: list, runs: list) -> str:
+    """fit_many's ``results`` for its ``runs`` (the per-run options shown) side by side, best last epoch first (runs without one last): lowest validation
+    RMSE (ties: lowest MAE), or highest validation accuracy when classifying (ties: lowest
+    validation loss); with the memory each holds for its parameters and optimizer state."""
+    classifying = results[0].task == "classification"  # the group's
+    # (sort key, column, column) of a last epoch's figures
+    if classifying:
+        header = ("run", "options", "val loss", "val accuracy", "steps", "state MB", "status")
+
+        def figures(last: dict) -> tuple:
+            key = (-last["val_accuracy"], last["val_loss"])
+            return (key, f"{last['val_loss']:.4g}", f"{100 * last['val_accuracy']:.1f}%")
+    else:
+        header = ("run", "options", "val MAE", "val RMSE", "steps", "state MB", "status")
+
+        def figures(last: dict) -> tuple:
+            return ((last["val_rmse"], last["val_mae"]), f"{last['val_mae']:.4g}", f"{last['val_rmse']:.4g}")
+
+    rows = []
+    for result, run in zip(results, runs):
+        last = result.history[-1] if result.history else None
+        key, first, second = figures(last) if last else ((float("inf"),), "-", "-")
+        status = "done" if result.completed else (result.stopped or "max-steps").split(":")[0]
+        rows.append(
+            (
+                key,
+                result.name,
+                " ".join(f"{k}={v}" for k, v in run.items() if k != "name") or "-",
+                first,
+                second,
+                str(result.steps),
+                f"{result.state_bytes / 1e6:.2f}",
+                status,
+            )
+        )
+    rows.sort(key=lambda row: row[0])
+    cells = [header] + [row[1:] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def epoch_logger(

@@ -311,10 +311,18 @@ class Trainer:
         return validation_sums(self.task, pred, y)
 
     def end_epoch(
-        self, epoch: int, meter: EpochMeter, seconds: float, sums: torch.Tensor, count: int
+        self,
+        epoch: int,
+        meter: EpochMeter,
+        seconds: float,
+        sums: torch.Tensor,
+        count: int,
+        group_images_per_s: Optional[float] = None,
     ) -> dict:
         """Records the metrics of a finished epoch, from the sums of :meth:`errors` over its
-        ``count`` validation records (:meth:`report` logs them, once the checkpoint is saved)."""
+        ``count`` validation records (:meth:`report` logs them, once the checkpoint is saved). In
+        a fit_many group, ``group_images_per_s`` is the images all its runs trained on per second
+        (each run trains on every batch)."""
         metrics = {
             **self._label(),
             "epoch": epoch + 1,
@@ -322,8 +330,10 @@ class Trainer:
             "step": self.step,
             "train_loss": meter.loss_sum.item() / max(meter.samples, 1),
             **validation_metrics(self.task, sums, count),
+            **({"class_names": self.config["class_names"]} if self.task == CLASSIFICATION else {}),
             **self.data.baseline,
             "images_per_s": meter.samples / seconds if seconds > 0 else 0.0,
+            **({"images_per_s_all_runs": group_images_per_s} if group_images_per_s is not None else {}),
             "data_wait_fraction": meter.wait / seconds if seconds > 0 else 0.0,
             "seconds": seconds,
             "device": str(self.device),
@@ -544,8 +554,11 @@ def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, Epo
     finally:
         for t, _ in evaluated:
             t.model.train()
+    # In a group, each run trains on every batch: all runs together train on the sum.
+    together = sum(m.samples / seconds[id(t)] for t, m in finished if seconds[id(t)] > 0)
     metrics = [
-        t.end_epoch(epoch, meter, seconds[id(t)], total, count) for total, (t, meter) in zip(sums, evaluated)
+        t.end_epoch(epoch, meter, seconds[id(t)], total, count, together if t.name is not None else None)
+        for total, (t, meter) in zip(sums, evaluated)
     ]
     # The checkpoints first: a log that cannot be written (a full disk) must not lose the epoch.
     _save_checkpoints(epoch + 1, [(t, None, None) for t, _ in evaluated])
