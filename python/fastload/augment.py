@@ -56,6 +56,8 @@ _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, the weights torchvision's rgb_
 _CPU_WORKING_SET = 8 << 20
 
 SPEC_TERMS = ("crop", "flip", "vflip", "jitter", "rotate", "translate")
+#: Largest output side (a store's sides are below 2**16 too).
+MAX_SIDE = 65535
 
 
 def _signed(value: int) -> int:
@@ -158,8 +160,10 @@ class Augment:
     ):
         if size is not None:
             size = (size, size) if isinstance(size, int) else tuple(size)
-            if len(size) != 2 or not all(isinstance(s, int) and s >= 1 for s in size):
-                raise ValueError(f"size must be a positive int or (height, width), not {size!r}")
+            if len(size) != 2 or not all(isinstance(s, int) and 1 <= s <= MAX_SIDE for s in size):
+                raise ValueError(
+                    f"size must be an int or (height, width) between 1 and {MAX_SIDE}, not {size!r}"
+                )
         self.size: Optional[Tuple[int, int]] = size
         self.scale = None if scale is None else _pair(scale, "scale")
         if self.scale is not None and not 0.0 < self.scale[0] <= self.scale[1] <= 1.0:
@@ -480,6 +484,10 @@ def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return grid
 
 
+#: Most rows (records) and columns (epochs) of a preview grid: a picture to look at.
+MAX_PREVIEW_SIDE = 256
+
+
 def save_preview(
     store,
     path,
@@ -491,22 +499,22 @@ def save_preview(
     """Writes a PNG grid of what the model sees: one row per record (`records` spread evenly
     over the store), one column per epoch from `first_epoch`, each tile augmented as training
     would augment it. Written atomically; returns the PNG's (width, height). Needs Pillow."""
-    import os
-    import tempfile
-
     import numpy as np
 
+    from fastload.files import output_target, replace_atomically
     from fastload.store import Store, _fspath
 
     try:
         from PIL import Image
     except ImportError:
         raise ImportError("the preview needs Pillow: pip install pillow") from None
-    if records < 1 or epochs < 1 or first_epoch < 0:
+    if not (1 <= records <= MAX_PREVIEW_SIDE and 1 <= epochs <= MAX_PREVIEW_SIDE and first_epoch >= 0):
         raise ValueError(
-            f"need records >= 1, epochs >= 1 and first_epoch >= 0, not {records}, {epochs}, {first_epoch}"
+            f"need records and epochs between 1 and {MAX_PREVIEW_SIDE} (the grid's rows and columns) "
+            f"and first_epoch >= 0, not {records}, {epochs}, {first_epoch}"
         )
     path = _fspath(path, "preview path")
+    output_target(path, "preview")  # refused before any work; checked again when replaced
     owned = not isinstance(store, Store)
     store = Store(store) if owned else store
     try:
@@ -533,13 +541,6 @@ def save_preview(
     )
     canvas = canvas.permute(1, 2, 0).to(torch.uint8)
     picture = Image.fromarray(canvas.squeeze(2).numpy() if channels == 1 else canvas.numpy())
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, partial = tempfile.mkstemp(prefix=".preview-", suffix=".png", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            picture.save(out, format="PNG")
-        os.replace(partial, path)
-    except BaseException:
-        os.unlink(partial)
-        raise
+    with replace_atomically(path, "preview") as out:
+        picture.save(out, format="PNG")
     return picture.size

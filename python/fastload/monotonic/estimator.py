@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastload.files import replace_atomically
 from fastload.monotonic.layers import (
     _CURVATURES,
     CategoricalCalibrator,
@@ -736,28 +737,29 @@ class _LatticeEstimator(BaseEstimator):
         """Writes the declaration, what fit learned and the parameters to ``path``: a torch file
         of plain values and tensors, which :meth:`load` reads with ``weights_only=True`` (NumPy
         scalars become Python's, a RandomState the seed fit drew from it; ValueError naming a
-        parameter that holds anything else)."""
+        parameter that holds anything else). Written atomically by the output rule
+        (:mod:`fastload.files`): a device, FIFO or folder at ``path`` is refused, a symbolic link
+        written through, and a failed write raises OSError naming the file."""
         self._check_fitted()
         names = getattr(self, "feature_names_in_", None)
         params = self.get_params(deep=False)
         if isinstance(params["random_state"], np.random.RandomState):
             params["random_state"] = self.seed_  # what fit drew from it
-        torch.save(
-            {
-                "format": _FORMAT,
-                "estimator": type(self).__name__,
-                "params": {name: _plain_param(value, name) for name, value in params.items()},
-                "features": [_saved_feature(f) for f in self.features_],
-                "feature_names_in": None if names is None else [str(n) for n in names],
-                "keypoints": self.keypoints_,
-                "categories": [None if c is None else [_plain(v) for v in c] for c in self.categories_],
-                "fitted": self._fitted_state(),
-                "n_iter": self.n_iter_,
-                "seed": self.seed_,
-                "state": self.model_.state_dict(),
-            },
-            path,
-        )
+        state = {
+            "format": _FORMAT,
+            "estimator": type(self).__name__,
+            "params": {name: _plain_param(value, name) for name, value in params.items()},
+            "features": [_saved_feature(f) for f in self.features_],
+            "feature_names_in": None if names is None else [str(n) for n in names],
+            "keypoints": self.keypoints_,
+            "categories": [None if c is None else [_plain(v) for v in c] for c in self.categories_],
+            "fitted": self._fitted_state(),
+            "n_iter": self.n_iter_,
+            "seed": self.seed_,
+            "state": self.model_.state_dict(),
+        }
+        with replace_atomically(path, "model file") as f:
+            torch.save(state, f)
 
     @classmethod
     def load(cls, path: Union[str, Path], features: Optional[Dict[Union[str, int], Any]] = None):

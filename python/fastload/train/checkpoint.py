@@ -15,6 +15,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
+from fastload.files import output_target, rename_into_place
 from fastload.store import PathLike, Store, _fspath
 from fastload.train.task import REGRESSION
 
@@ -61,7 +62,7 @@ def _open_partial(path: str) -> Tuple[int, str]:
     while True:
         partial = os.path.join(directory, f"{prefix}{os.urandom(8).hex()}{PARTIAL_SUFFIX}")
         try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             continue
         except OSError as exc:
@@ -77,13 +78,13 @@ def _open_partial(path: str) -> Tuple[int, str]:
 
 
 def check_checkpoint_path(path: str) -> None:
-    """Before the first epoch: the checkpoint's folder exists and takes a new file."""
+    """Before the first epoch: the checkpoint's folder exists and takes a new file, and the
+    path passes the output rule (fastload.files)."""
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise ValueError(f"checkpoint {path}: its directory does not exist")
-    if os.path.isdir(path):
-        raise ValueError(f"checkpoint {path} is a directory")
-    _remove_stale_partials(path)
-    fd, partial = _open_partial(path)
+    target = output_target(path, "checkpoint")
+    _remove_stale_partials(target)
+    fd, partial = _open_partial(target)
     os.unlink(partial)
     os.close(fd)
 
@@ -91,15 +92,17 @@ def check_checkpoint_path(path: str) -> None:
 def save_atomically(obj: dict, path: str) -> None:
     """torch.save into a locked temporary file beside ``path``, fsync, then rename over it: a
     crash leaves either the previous checkpoint or the new one, never half of one, and the
-    next save removes the temporary file of a run killed while saving."""
-    _remove_stale_partials(path)
-    fd, partial = _open_partial(path)
+    next save removes the temporary file of a run killed while saving. By the output rule
+    (fastload.files), a symbolic link is written through and a device or FIFO is refused."""
+    target = output_target(path, "checkpoint")
+    _remove_stale_partials(target)
+    fd, partial = _open_partial(target)
     try:
         with os.fdopen(fd, "wb") as f:  # closing it releases the lock, after the rename
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-            os.replace(partial, path)
+            rename_into_place(partial, target, path, "checkpoint")
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
@@ -107,7 +110,7 @@ def save_atomically(obj: dict, path: str) -> None:
             raise OSError(exc.errno, f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
         raise
     with contextlib.suppress(OSError):  # the rename itself survives a power loss
-        directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        directory = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
