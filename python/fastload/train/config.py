@@ -25,6 +25,7 @@ from fastload.train.checkpoint import check_checkpoint_path
 MAX_THREADS, MAX_WORKERS, PER_CORE = 256, 64, 4
 MAX_LR = 10.0  # AdamW moves every parameter by about lr a step: beyond this it diverges at once
 MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB before any layer
+MAX_SEED = 2**62 - 1  # as FastLoadDataset's seed (dataset.plan.positive_int)
 # Host bytes a training step holds per image byte of its batch: the uint8 buffers in flight
 # (the one in use and the prefetched ones) and the float32 copy the model reads.
 BATCH_BYTES_PER_IMAGE_BYTE = 8
@@ -94,6 +95,8 @@ class TrainConfig:
             "threads",
             "workers",
             "size",
+            "seed",
+            "data_seed",
         )
         bounded += ("num_features", "lattice_size")
         for name in bounded + ("lr", "weight_decay", "val_fraction"):
@@ -103,10 +106,6 @@ class TrainConfig:
             problem = None if value is None else option_problem(name, value)
             if problem:
                 raise ValueError(f"{name} {problem}")
-        for name in ("seed", "data_seed"):
-            value = getattr(self, name)
-            if value is not None and not _is_int(value):
-                raise ValueError(f"{name} must be an integer, not {value!r}")
         if self.data_seed is None:
             self.data_seed = self.seed
         if not isinstance(self.augment, str):
@@ -147,6 +146,8 @@ def _integer_bounds() -> dict:
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
         "size": (8, MAX_SIZE, "a larger image does not fit a backbone's memory"),
+        "seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
+        "data_seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
     }
 
 
