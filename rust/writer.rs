@@ -231,16 +231,11 @@ fn resolve_target(dest: &Path) -> Result<PathBuf> {
         Ok(target) => Ok(target),
         Err(e) => {
             let link = std::fs::read_link(dest).unwrap_or_default();
-            Err(Error::io(
-                dest,
-                std::io::Error::new(
-                    e.kind(),
-                    format!(
-                        "is a symbolic link to {}, which does not resolve ({e}); remove the link or write to a real path",
-                        link.display()
-                    ),
-                ),
-            ))
+            Err(Error::Value(format!(
+                "store {} is a symbolic link to {}, which does not resolve ({e}); remove the link or write to a real path",
+                dest.display(),
+                link.display()
+            )))
         }
     }
 }
