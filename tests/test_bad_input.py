@@ -559,7 +559,7 @@ ROWS = [
     ),
     ("read_runs_file(a 2 MiB file)", lambda f: read_runs_file(f.big), ValueError, "over the 1 MiB limit"),
     ("read_runs_file(a directory)", lambda f: read_runs_file(f.folder), ValueError, "not a regular file"),
-    ("Augment(size=10**26)", lambda f: Augment(size=BIG), ValueError, "size must be an int"),
+    ("Augment(size=10**26)", lambda f: Augment(size=BIG), ValueError, "size must be a positive int"),
     (
         "save_preview(epochs=10**26)",
         lambda f: save_preview(f.store, f.dir / "p.png", Augment(), epochs=BIG),
@@ -648,7 +648,11 @@ CLI_ROWS = [
     (["pack", "{images}", "{new}", "--labels", ""], 1, "labels is an empty path"),
     (["pack", "{images}", "{new}", "--labels", "{folder}"], 1, "not a regular file (a directory)"),
     (["pack", "{images}", "{new}", "--workers", str(BIG)], 1, "workers must be between 1 and"),
-    (["augment-preview", "{store}", "-o", "{dir}/p.png", "--size", str(BIG)], 1, "size must be an int"),
+    (
+        ["augment-preview", "{store}", "-o", "{dir}/p.png", "--size", str(BIG)],
+        1,
+        "size must be a positive int",
+    ),
     (["augment-preview", "{store}", "-o", "{dir}/p.png", "--epochs", str(BIG)], 1, "between 1 and 256"),
     ([], 2, "usage"),
     (["nosuchcommand"], 2, "invalid choice"),

@@ -162,7 +162,7 @@ class Augment:
             size = (size, size) if isinstance(size, int) else tuple(size)
             if len(size) != 2 or not all(isinstance(s, int) and 1 <= s <= MAX_SIDE for s in size):
                 raise ValueError(
-                    f"size must be an int or (height, width) between 1 and {MAX_SIDE}, not {size!r}"
+                    f"size must be a positive int or (height, width), at most {MAX_SIDE}, not {size!r}"
                 )
         self.size: Optional[Tuple[int, int]] = size
         self.scale = None if scale is None else _pair(scale, "scale")
