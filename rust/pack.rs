@@ -38,7 +38,7 @@
 use std::cell::{Cell, RefCell};
 use std::fs::{File, OpenOptions};
 use std::io::{Cursor, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +55,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::pool;
+use crate::writer::file_kind;
 
 /// Largest image accepted, in pixels (width × height): 100 megapixels.
 pub const MAX_PIXELS: u64 = 100_000_000;
@@ -197,6 +198,15 @@ pub fn max_workers() -> (usize, usize) {
     (MAX_WORKERS_PER_CORE * cores, cores)
 }
 
+/// The error for a `workers` count outside 1 to [`max_workers`] (any integer: the binding
+/// passes one too large for a machine word as Python wrote it).
+pub fn workers_out_of_range(n: impl std::fmt::Display) -> Error {
+    let (most, cores) = max_workers();
+    Error::Value(format!(
+        "workers must be between 1 and {most} (this machine has {cores} cores), not {n}"
+    ))
+}
+
 impl Decoder {
     /// `workers`: threads of a dedicated pool (1 to [`max_workers`]), or `None` for the
     /// process's pool. The decodes share [`DECODE_MEMORY_BUDGET`] bytes.
@@ -216,14 +226,9 @@ impl Decoder {
                 spec.height, spec.width
             )));
         }
-        let (most, cores) = max_workers();
         let pool = match workers {
             None => None,
-            Some(n) if n == 0 || n > most => {
-                return Err(Error::Value(format!(
-                    "workers must be between 1 and {most} (this machine has {cores} cores), not {n}"
-                )))
-            }
+            Some(n) if n == 0 || n > max_workers().0 => return Err(workers_out_of_range(n)),
             Some(n) => Some(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n)
@@ -654,16 +659,7 @@ fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
     let metadata = file.metadata().map_err(cannot_read)?;
     let kind = metadata.file_type();
     if !kind.is_file() {
-        let what = if kind.is_fifo() {
-            "a named pipe"
-        } else if kind.is_dir() {
-            "a folder"
-        } else if kind.is_char_device() || kind.is_block_device() {
-            "a device"
-        } else {
-            "a socket or other special file"
-        };
-        return Err(format!("not a regular file ({what})"));
+        return Err(format!("not a regular file ({})", file_kind(&kind)));
     }
     let len = metadata.len();
     if len == 0 {
@@ -1288,7 +1284,7 @@ mod tests {
         assert_eq!(err, "not a regular file (a named pipe)");
         assert_eq!(
             read_image_file(dir.path()).unwrap_err(),
-            "not a regular file (a folder)"
+            "not a regular file (a directory)"
         );
     }
 

@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -198,30 +198,71 @@ fn create_locked_temp(dest: &Path, target: &Path) -> Result<(PathBuf, File)> {
     ))))
 }
 
-/// Where a write to `dest` lands: `dest` itself, or with `overwrite` the existing file a
-/// symbolic link at `dest` points to (the link stays). A dangling link is refused.
-fn resolve_target(dest: &Path, overwrite: bool) -> Result<PathBuf> {
+/// What a file of this type is, in words ("a character device"), as errors name it.
+pub fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    if kind.is_file() {
+        "a regular file"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_fifo() {
+        "a named pipe"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+/// Where a write to `dest` lands: `dest` itself, or the existing file a symbolic link at
+/// `dest` points to (with `overwrite` that file is replaced and the link stays; without it
+/// the link is only looked through, to refuse what it leads to). A dangling link is refused.
+fn resolve_target(dest: &Path) -> Result<PathBuf> {
     let is_link = std::fs::symlink_metadata(dest).is_ok_and(|m| m.file_type().is_symlink());
     if !is_link {
         return Ok(dest.to_path_buf());
     }
     match std::fs::canonicalize(dest) {
-        Ok(target) if overwrite => Ok(target),
-        Ok(_) => Ok(dest.to_path_buf()),
+        Ok(target) => Ok(target),
         Err(e) => {
             let link = std::fs::read_link(dest).unwrap_or_default();
-            Err(Error::io(
-                dest,
-                std::io::Error::new(
-                    e.kind(),
-                    format!(
-                        "is a symbolic link to {}, which does not resolve ({e}); remove the link or write to a real path",
-                        link.display()
-                    ),
-                ),
-            ))
+            Err(Error::Value(format!(
+                "store {} is a symbolic link to {}, which does not resolve ({e}); remove the link or write to a real path",
+                dest.display(),
+                link.display()
+            )))
         }
     }
+}
+
+/// The output rule (docs/RELIABILITY.md): a store may replace only a regular file. Anything
+/// else at `target` (where a write to `dest` lands), a directory, a device, a named pipe, a
+/// socket, is refused naming `dest` and what stands there; returns the regular file's
+/// metadata, or None when nothing is there.
+fn check_replaceable(dest: &Path, target: &Path) -> Result<Option<std::fs::Metadata>> {
+    let metadata = match std::fs::symlink_metadata(target) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(dest, e)),
+    };
+    if metadata.file_type().is_file() {
+        return Ok(Some(metadata));
+    }
+    let kind = file_kind(&metadata.file_type());
+    let what = if target == dest {
+        kind.to_string()
+    } else {
+        format!("a symbolic link to {}, {kind}", target.display())
+    };
+    Err(Error::Value(format!(
+        "store {} is {what}, not a regular file: fastload only replaces regular files; choose another path",
+        dest.display()
+    )))
 }
 
 fn fsync_dir(path: &Path) {
@@ -251,10 +292,9 @@ impl StoreWriter {
         if dest.file_name().is_none() {
             return Err(Error::Value(format!("{}: not a file path", dest.display())));
         }
-        if dest.is_dir() {
-            return Err(Error::io(&dest, std::io::Error::other("is a directory")));
-        }
-        let target = resolve_target(&dest, overwrite)?;
+        let resolved = resolve_target(&dest)?;
+        check_replaceable(&dest, &resolved)?;
+        let target = if overwrite { resolved } else { dest.clone() };
         if !overwrite && dest.exists() {
             return Err(Error::io(
                 &dest,
@@ -405,9 +445,22 @@ impl StoreWriter {
 
     /// Moves the finished temporary file to the destination (the target of a link there,
     /// with `overwrite`), without replacing an existing file unless `overwrite` was given
-    /// (a hard link fails if the name exists).
+    /// (a hard link fails if the name exists). With `overwrite` the output rule is checked
+    /// again just before the rename: the destination must still lead to the same place and
+    /// hold a regular file (whose mode the new store takes) or nothing.
     fn publish(&mut self) -> Result<()> {
         if self.overwrite {
+            if resolve_target(&self.dest)? != self.target {
+                return Err(Error::Value(format!(
+                    "store {} changed while it was written (it no longer leads to {}); nothing was replaced",
+                    self.dest.display(),
+                    self.target.display()
+                )));
+            }
+            if let Some(replaced) = check_replaceable(&self.dest, &self.target)? {
+                std::fs::set_permissions(&self.temp, replaced.permissions())
+                    .map_err(|e| Error::io(&self.dest, e))?;
+            }
             std::fs::rename(&self.temp, &self.target).map_err(|e| Error::io(&self.dest, e))?;
         } else {
             match std::fs::hard_link(&self.temp, &self.dest) {
@@ -650,6 +703,58 @@ mod tests {
             .is_symlink());
         assert_eq!(Store::open(&real).unwrap().len(), 3);
         assert_eq!(dir_entries(dir.path()), vec!["link.bin", "real.bin"]);
+    }
+
+    #[test]
+    fn what_is_not_a_regular_file_is_refused_at_create_and_at_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("fifo", &link).unwrap();
+        for (dest, what) in [
+            (&fifo, "is a named pipe, not a regular file"),
+            (
+                &dir.path().to_path_buf(),
+                "is a directory, not a regular file",
+            ),
+            (&link, "is a symbolic link to "),
+        ] {
+            for overwrite in [false, true] {
+                let err = StoreWriter::create(dest, (2, 3, 1), LabelDtype::Float64, overwrite)
+                    .err()
+                    .unwrap();
+                assert!(matches!(err, Error::Value(_)), "{err}");
+                assert!(err.to_string().contains(what), "{err}");
+            }
+        }
+        // A regular file when the writer starts, a named pipe when it commits: refused again.
+        let path = dir.path().join("a.bin");
+        write(&path, 1, false).unwrap();
+        let mut w = StoreWriter::create(&path, (2, 3, 1), LabelDtype::Float64, true).unwrap();
+        w.append(&[1u8; 6], [0u8; 8]).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::rename(&fifo, &path).unwrap();
+        let err = w.commit("{}").err().unwrap();
+        assert!(err.to_string().contains("is a named pipe"), "{err}");
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert_eq!(dir_entries(dir.path()), vec!["a.bin", "link"]);
+    }
+
+    #[test]
+    fn a_replaced_store_keeps_the_mode_of_the_one_it_replaces() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        write(&path, 1, false).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
+        write(&path, 2, true).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o604);
     }
 
     #[test]

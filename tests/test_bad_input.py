@@ -4,6 +4,8 @@ exception naming the problem (or a message and a non-zero exit status), never a 
 Each row here is a row of the bad-input table in docs/RELIABILITY.md."""
 
 import os
+import re
+import stat
 import subprocess
 import sys
 
@@ -55,6 +57,31 @@ class Files:
                 Image.new("RGB", (8, 8)).save(folder / name / "0.png")
         return folder
 
+    @property
+    def zero(self):
+        """A copy of /dev/zero (a character device: mknod needs root)."""
+        if not AS_ROOT:
+            pytest.skip("mknod of a character device needs root")
+        path = self.dir / "zero"
+        if not path.exists():
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))
+        return path
+
+    @property
+    def deep(self):
+        """A JSON file nested 100,000 levels deep."""
+        path = self.dir / "deep.json"
+        path.write_text("[" * 100_000 + "]" * 100_000)
+        return path
+
+    @property
+    def big(self):
+        """A 2 MiB runs file (sparse)."""
+        path = self.dir / "big.json"
+        with open(path, "wb") as f:
+            f.truncate(2 << 20)
+        return path
+
     def csv(self, text):
         path = self.dir / "labels.csv"
         path.write_text(text + "\n")
@@ -73,6 +100,32 @@ class Files:
 
 
 IMG = np.zeros((2, 2, 3), np.uint8)
+BIG = 10**26  # beyond any machine word
+
+
+def fit(*args, **kwargs):
+    from fastload.train import fit
+
+    return fit(*args, **kwargs)
+
+
+def fit_many(*args, **kwargs):
+    from fastload.train import fit_many
+
+    return fit_many(*args, **kwargs)
+
+
+def read_runs_file(path):
+    from fastload.train import read_runs_file
+
+    return read_runs_file(path)
+
+
+def demo_run(**kwargs):
+    from fastload.demo import run
+
+    return run(**kwargs)
+
 
 # (what the user does, call, exception, fragment of the message)
 ROWS = [
@@ -169,7 +222,7 @@ ROWS = [
     # StoreWriter(path, shape, label_dtype, meta)
     ("StoreWriter(None, ...)", lambda f: StoreWriter(None, (2, 2, 3)), TypeError, "str or os.PathLike"),
     ("StoreWriter('', ...)", lambda f: StoreWriter("", (2, 2, 3)), ValueError, "not a file path"),
-    ("StoreWriter(directory, ...)", lambda f: StoreWriter(f.dir, (2, 2, 3)), StoreError, "is a directory"),
+    ("StoreWriter(directory, ...)", lambda f: StoreWriter(f.dir, (2, 2, 3)), ValueError, "is a directory"),
     (
         "StoreWriter(existing store, ...)",
         lambda f: StoreWriter(f.store, (2, 2, 3)),
@@ -476,7 +529,7 @@ ROWS = [
         "inside the source folder",
     ),
     ("pack(src, existing store)", lambda f: pack(f.images, f.store), FileExistsError, "overwrite"),
-    ("pack(src, existing directory)", lambda f: pack(f.images, f.folder), FileExistsError, "already exists"),
+    ("pack(src, existing directory)", lambda f: pack(f.images, f.folder), ValueError, "is a directory"),
     (
         "pack(src, path in a missing folder)",
         lambda f: pack(f.images, f.dir / "no" / "x"),
@@ -553,6 +606,66 @@ ROWS = [
         ValueError,
         "epochs must be an int",
     ),
+    (
+        "pack(workers=10**26)",
+        lambda f: pack(f.images, f.new, workers=BIG),
+        ValueError,
+        "workers must be between 1",
+    ),
+    ("pack(labels='')", lambda f: pack(f.images, f.new, labels=""), ValueError, "labels is an empty path"),
+    (
+        "pack(labels=a directory)",
+        lambda f: pack(f.images, f.new, labels=f.folder),
+        ValueError,
+        "not a regular file (a directory)",
+    ),
+    # train and the other commands' API
+    ("fit(seed=10**26)", lambda f: fit(f.store, seed=BIG), ValueError, "seed must be between 0 and"),
+    (
+        "fit(data_seed=-1)",
+        lambda f: fit(f.store, data_seed=-1),
+        ValueError,
+        "data_seed must be between 0 and",
+    ),
+    (
+        "fit_many(runs=[{'seed': 10**26}])",
+        lambda f: fit_many(f.store, [{"seed": BIG}]),
+        ValueError,
+        "seed must be between 0 and",
+    ),
+    (
+        "read_runs_file(a copy of /dev/zero)",
+        lambda f: read_runs_file(f.zero),
+        ValueError,
+        "not a regular file (a character device)",
+    ),
+    (
+        "read_runs_file(JSON nested 100,000 deep)",
+        lambda f: read_runs_file(f.deep),
+        ValueError,
+        "nested too deeply",
+    ),
+    ("read_runs_file(a 2 MiB file)", lambda f: read_runs_file(f.big), ValueError, "over the 1 MiB limit"),
+    ("read_runs_file(a directory)", lambda f: read_runs_file(f.folder), ValueError, "not a regular file"),
+    ("Augment(size=10**26)", lambda f: Augment(size=BIG), ValueError, "size must be a positive int"),
+    (
+        "save_preview(epochs=10**26)",
+        lambda f: save_preview(f.store, f.dir / "p.png", Augment(), epochs=BIG),
+        ValueError,
+        "between 1 and 256",
+    ),
+    (
+        "demo.run(seed=10**26)",
+        lambda f: demo_run(seed=BIG, quick=True, quiet=True),
+        ValueError,
+        "seed must be between 0 and",
+    ),
+    (
+        "demo.run(images=10**26)",
+        lambda f: demo_run(images=BIG, quiet=True),
+        ValueError,
+        "images must be between",
+    ),
     # split_indices
     ("split_indices(-1, 0.1)", lambda f: split_indices(-1, 0.1), ValueError, "n must be"),
     ("split_indices(10, 2.0)", lambda f: split_indices(10, 2.0), ValueError, "val_fraction"),
@@ -610,6 +723,25 @@ CLI_ROWS = [
     (["train", "{missing}"], 1, "No such file"),
     (["bench", "{missing}", "--quick"], 1, "No such file"),
     (["demo", "--images", "-5", "--quick"], 1, "images must be"),
+    (["demo", "--seed", str(BIG), "--quick"], 1, "seed must be between 0 and"),
+    (["train", "{store}", "--runs-file", "{zero}"], 1, "not a regular file (a character device)"),
+    (["train", "{store}", "--runs-file", "{deep}"], 1, "nested too deeply"),
+    (["train", "{store}", "--seed", str(BIG)], 2, "argument --seed: must be between 0 and"),
+    (["train", "{store}", "--runs", "2", "--seed", f"1,{BIG}"], 2, "argument --seed: must be between 0 and"),
+    (
+        ["train", "{store}", "--runs", "2", "--data-seed", str(BIG)],
+        2,
+        "argument --data-seed: must be between",
+    ),
+    (["pack", "{images}", "{new}", "--labels", ""], 1, "labels is an empty path"),
+    (["pack", "{images}", "{new}", "--labels", "{folder}"], 1, "not a regular file (a directory)"),
+    (["pack", "{images}", "{new}", "--workers", str(BIG)], 1, "workers must be between 1 and"),
+    (
+        ["augment-preview", "{store}", "-o", "{dir}/p.png", "--size", str(BIG)],
+        1,
+        "size must be a positive int",
+    ),
+    (["augment-preview", "{store}", "-o", "{dir}/p.png", "--epochs", str(BIG)], 1, "between 1 and 256"),
     ([], 2, "usage"),
     (["nosuchcommand"], 2, "invalid choice"),
     (["info"], 2, "required"),
@@ -625,8 +757,15 @@ def run_cli(args):
 
 @pytest.mark.parametrize("args,status,fragment", CLI_ROWS, ids=[" ".join(r[0]) or "(none)" for r in CLI_ROWS])
 def test_cli_bad_input_exits_with_a_message(files, args, status, fragment):
-    paths = {**vars(files), "images": files.images if "{images}" in args else None}
+    paths = {name: getattr(files, name) for arg in args for name in re.findall(r"{(\w+)}", arg)}
     result = run_cli([a.format(**paths) for a in args])
     assert result.returncode == status, result.stderr
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_verify_limit_beyond_a_machine_word_lists_every_record(files):
+    """`--limit 10**26` asks for every damaged record, not an OverflowError traceback."""
+    assert len(verify(files.store, limit=BIG)) == 0
+    result = run_cli(["verify", str(files.store), "--limit", str(BIG)])
+    assert result.returncode == 0 and "every record matches" in result.stdout, result.stderr

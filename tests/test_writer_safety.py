@@ -185,8 +185,8 @@ def test_a_dangling_link_is_refused_before_any_work(tmp_path):
     link.symlink_to("gone.fastload")
     for overwrite in (False, True):
         with pytest.raises(
-            StoreError,
-            match=re.escape(f"{link}: is a symbolic link to gone.fastload, which does not resolve"),
+            ValueError,
+            match=re.escape(f"store {link} is a symbolic link to gone.fastload, which does not resolve"),
         ):
             StoreWriter(link, SHAPE, overwrite=overwrite)
     assert sorted(os.listdir(tmp_path)) == ["s.fastload"]

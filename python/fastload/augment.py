@@ -57,6 +57,8 @@ _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, the weights torchvision's rgb_
 _CPU_WORKING_SET = 8 << 20
 
 SPEC_TERMS = ("crop", "flip", "vflip", "jitter", "rotate", "translate")
+#: Largest output side (a store's sides are below 2**16 too).
+MAX_SIDE = 65535
 
 # Brightness and contrast factors are drawn up to 1 + this. A larger strength only whitens more
 # of each image (a factor of 101 already takes any pixel above 2 to white), and the bound keeps a
@@ -171,8 +173,8 @@ def _size(size) -> Optional[Tuple[int, int]]:
             pair = tuple(size)
         except TypeError:
             pair = ()
-    if len(pair) != 2 or not all(_whole(s) and s >= 1 for s in pair):
-        raise ValueError(f"size must be a positive int or (height, width), not {size!r}")
+    if len(pair) != 2 or not all(_whole(s) and 1 <= s <= MAX_SIDE for s in pair):
+        raise ValueError(f"size must be a positive int or (height, width), at most {MAX_SIDE}, not {size!r}")
     return int(pair[0]), int(pair[1])
 
 
@@ -554,6 +556,10 @@ def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return grid
 
 
+#: Most rows (records) and columns (epochs) of a preview grid: a picture to look at.
+MAX_PREVIEW_SIDE = 256
+
+
 def save_preview(
     store,
     path,
@@ -565,11 +571,9 @@ def save_preview(
     """Writes a PNG grid of what the model sees: one row per record (`records` spread evenly
     over the store), one column per epoch from `first_epoch`, each tile augmented as training
     would augment it. Written atomically; returns the PNG's (width, height). Needs Pillow."""
-    import os
-    import tempfile
-
     import numpy as np
 
+    from fastload.files import output_target, replace_atomically
     from fastload.store import Store, _fspath
 
     try:
@@ -583,7 +587,13 @@ def save_preview(
     ):
         if not _whole(value) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
+    if records > MAX_PREVIEW_SIDE or epochs > MAX_PREVIEW_SIDE:
+        raise ValueError(
+            f"need records and epochs between 1 and {MAX_PREVIEW_SIDE} (the grid's rows and columns), "
+            f"not {records} and {epochs}"
+        )
     path = _fspath(path, "preview path")
+    output_target(path, "preview")  # refused before any work; checked again when replaced
     owned = not isinstance(store, Store)
     store = Store(store) if owned else store
     try:
@@ -610,13 +620,6 @@ def save_preview(
     )
     canvas = canvas.permute(1, 2, 0).to(torch.uint8)
     picture = Image.fromarray(canvas.squeeze(2).numpy() if channels == 1 else canvas.numpy())
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, partial = tempfile.mkstemp(prefix=".preview-", suffix=".png", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            picture.save(out, format="PNG")
-        os.replace(partial, path)
-    except BaseException:
-        os.unlink(partial)
-        raise
+    with replace_atomically(path, "preview") as out:
+        picture.save(out, format="PNG")
     return picture.size

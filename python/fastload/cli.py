@@ -14,7 +14,15 @@ from typing import List, Optional
 
 from fastload import StoreError, __version__, _core, inspect
 from fastload import store as store_mod
-from fastload.options import AMP_MODES, BACKBONES, MAX_LABELS_CSV_BYTES, RESIZE_MODES, SCHEDULES, TASKS
+from fastload.options import (
+    AMP_MODES,
+    BACKBONES,
+    MAX_LABELS_CSV_BYTES,
+    MAX_RUNS_FILE_BYTES,
+    RESIZE_MODES,
+    SCHEDULES,
+    TASKS,
+)
 from fastload.progress import gigabytes as _gb
 
 
@@ -158,7 +166,7 @@ def _train_option(name: str, parse=int):
 def _train_values(name: str, parse=int, choices=None):
     """An argparse type for a per-run train option: one value or a comma list (one per run of
     --runs), each checked as :func:`_train_option` does or against ``choices``."""
-    one = _train_option(name, parse) if choices is None and name != "seed" else parse
+    one = _train_option(name, parse) if choices is None else parse
 
     def convert(text: str) -> list:
         values = [one(part.strip()) for part in text.split(",")]
@@ -231,7 +239,7 @@ def _train(args: argparse.Namespace) -> int:
         results = [train.fit(args.store, **options)]
     else:
         if args.runs_file is not None:
-            runs = _read_runs_file(args.runs_file)
+            runs = train.read_runs_file(args.runs_file)
         else:
             varying = {name: values for name, values in per_run.items() if len(values) > 1}
             runs = [{name: values[i] for name, values in varying.items()} for i in range(count)]
@@ -252,18 +260,6 @@ def _train(args: argparse.Namespace) -> int:
             )
     diverged = [r for r in results if r.stopped is not None and r.stopped.startswith("diverged")]
     return 1 if len(diverged) == len(results) else 0
-
-
-def _read_runs_file(path: str) -> list:
-    """The runs of a --runs-file: a JSON list of objects, one per run (fit_many's per-run keys)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            runs = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--runs-file {path}: not JSON ({exc})") from None
-    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
-        raise ValueError(f"--runs-file {path}: expected a non-empty JSON list of objects, one per run")
-    return runs
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -461,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "--runs-file",
         metavar="JSON",
-        help="the runs as a JSON list of objects (keys: name and the per-run options)",
+        help="the runs as a JSON list of objects (keys: name and the per-run options), "
+        f"at most {MAX_RUNS_FILE_BYTES >> 20} MiB",
     )
     p.add_argument(
         "--stack",
@@ -471,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data-seed",
-        type=int,
+        type=_train_option("data_seed"),
         metavar="N",
         help="with --runs: seed of the split and batch order shared by the runs (default: the first --seed)",
     )

@@ -16,6 +16,7 @@ by far; the demo fails (exit status 1) when it does not, or when the guarantee i
 from __future__ import annotations
 
 import csv
+import io
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,7 @@ SETTINGS = {
     "default": {"images": 2400, "size": 64, "epochs": 12},
     "quick": {"images": 600, "size": 48, "epochs": 8},
 }
+MIN_IMAGES, MAX_IMAGES = 100, 1_000_000  # enough to beat the baseline; a demo, not a dataset
 SOURCE_SIDE = 96  # the generated files are this many pixels square; pack resizes them
 TRAIN_SIDE = 32  # the model sees records downscaled to this on the device: brightness needs no detail
 BRIGHTNESS_WEIGHT, EXPOSURE_WEIGHT, LABEL_NOISE = 4.0, 2.0, 0.05
@@ -185,18 +187,22 @@ def run(
     the baseline clearly and kept its monotonicity guarantee. Works in a temporary directory
     removed at the end, or in ``workdir`` (kept)."""
     import fastload
+    from fastload.files import replace_atomically
     from fastload.monotonic import check_monotone
     from fastload.store import Store
-    from fastload.train import epoch_logger, fit, prepare_images, resolve_device
+    from fastload.train import epoch_logger, fit, option_problem, prepare_images, resolve_device
 
     settings = SETTINGS["quick" if quick else "default"]
     images = settings["images"] if images is None else images
     size = settings["size"] if size is None else size
     epochs = settings["epochs"] if epochs is None else epochs
-    if images < 100:
-        raise ValueError(f"images must be at least 100, not {images}")
+    if not MIN_IMAGES <= images <= MAX_IMAGES:
+        raise ValueError(f"images must be between {MIN_IMAGES} and {MAX_IMAGES:,}, not {images}")
     if not 16 <= size <= SOURCE_SIDE:
         raise ValueError(f"size must be between 16 and {SOURCE_SIDE}, not {size}")
+    problem = option_problem("seed", seed)  # before any file is written, not when training starts
+    if problem:
+        raise ValueError(f"seed {problem}")
     resolved = resolve_device(device)
 
     def say(line: str) -> None:
@@ -215,8 +221,10 @@ def run(
         )
         names, labels, exposure, source = make_photos(folder, images, seed)
         labels_csv = root / "labels.csv"
-        with open(labels_csv, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows(zip(names, labels.tolist()))
+        rows = io.StringIO()
+        csv.writer(rows).writerows(zip(names, labels.tolist()))
+        with replace_atomically(labels_csv, "labels CSV") as f:
+            f.write(rows.getvalue().encode("utf-8"))
         say(
             f"  wrote {images:,} {source}; label = {BRIGHTNESS_WEIGHT:g} x brightness + "
             f"{EXPOSURE_WEIGHT:g} x exposure + noise (sd {LABEL_NOISE:g})"

@@ -7,6 +7,8 @@ RESIZE_MODES = ("squash", "crop", "pad")
 #: Largest labels CSV `pack` reads (its rows are held in memory); every name must fit the
 #: store's 64 MiB metadata anyway.
 MAX_LABELS_CSV_BYTES = 128 << 20
+#: Largest `--runs-file` (`train.read_runs_file`): a list of runs' options, a few bytes each.
+MAX_RUNS_FILE_BYTES = 1 << 20
 #: `fit(amp=...)`: mixed precision off, or autocast to bfloat16 / float16.
 AMP_MODES = ("off", "bf16", "fp16")
 #: `fit(schedule=...)`: learning-rate schedules.

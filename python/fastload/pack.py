@@ -18,7 +18,6 @@ import math
 import os
 import posixpath
 import re
-import stat
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
+from fastload.files import output_target, read_regular_file
 from fastload.options import MAX_LABELS_CSV_BYTES, RESIZE_MODES
 from fastload.progress import Progress
 from fastload.store import LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter, _fspath, shared_class_names
@@ -269,27 +269,6 @@ def _is_int(text: str) -> bool:
         return False
 
 
-def _read_csv_bytes(csv_path: Path) -> bytes:
-    """The labels file's bytes: a regular file (a named pipe would block) of at most
-    `MAX_LABELS_CSV_BYTES`, checked on the opened file and while reading."""
-    limit = f"over the {MAX_LABELS_CSV_BYTES >> 20} MiB limit for a labels CSV"
-    fd = os.open(csv_path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{csv_path}: not a regular file (the labels must be a CSV file)")
-        if st.st_size > MAX_LABELS_CSV_BYTES:
-            raise ValueError(f"{csv_path}: {st.st_size / 2**20:,.0f} MiB, {limit}")
-        # Read the size it has (a read of the whole limit would allocate 128 MiB for any CSV);
-        # one that grew since fstat is read on, up to the limit.
-        data = f.read(st.st_size + 1)
-        if len(data) > st.st_size:
-            data += f.read(MAX_LABELS_CSV_BYTES + 1 - len(data))
-    if len(data) > MAX_LABELS_CSV_BYTES:
-        raise ValueError(f"{csv_path}: grew while read, {limit}")
-    return data
-
-
 def _name_in_csv(cell: str, src: Path) -> str:
     """The relative POSIX path a CSV path cell names, taken as written (spaces included)."""
     name = os.path.relpath(cell, src) if os.path.isabs(cell) else cell
@@ -309,7 +288,7 @@ def _read_label_csv(
     row) and its path names no file under `src`; any other bad first row is reported like
     the rest."""
     try:
-        text = _read_csv_bytes(csv_path).decode("utf-8-sig")
+        text = read_regular_file(csv_path, MAX_LABELS_CSV_BYTES, "labels CSV").decode("utf-8-sig")
         reader = csv.reader(io.StringIO(text, newline=""))
         rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
     except UnicodeDecodeError as exc:
@@ -489,10 +468,10 @@ def _split_unlabelled(
 
 
 def _check_paths(src: Path, dest: Path, labels: Optional[Path], overwrite: bool) -> None:
-    """Refuses a missing source, an existing store (before any work), and a store written
-    inside the folder it packs."""
-    if not overwrite and os.path.lexists(dest):
-        raise FileExistsError(f"{dest}: already exists (pass overwrite=True or --overwrite to replace it)")
+    """Refuses, before any work: a missing source, a store written inside the folder it packs
+    or over its labels, a destination the output rule refuses (a directory, device or named
+    pipe; the writer checks again when it starts and before it renames), and an existing store
+    without `overwrite`."""
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such folder")
     if not src.is_dir():
@@ -505,6 +484,9 @@ def _check_paths(src: Path, dest: Path, labels: Optional[Path], overwrite: bool)
         )
     if labels is not None and real_dest == Path(os.path.realpath(labels)):
         raise ValueError(f"{dest}: the store would replace the labels file")
+    output_target(dest, "store")
+    if not overwrite and os.path.lexists(dest):
+        raise FileExistsError(f"{dest}: already exists (pass overwrite=True or --overwrite to replace it)")
 
 
 def _as_size(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
@@ -604,7 +586,9 @@ def pack(
     started = time.perf_counter()
     src = Path(_fspath(src, "src"))
     dest = Path(_fspath(dest, "dest"))
-    csv_path = None if labels is None else Path(_fspath(labels, "labels"))
+    if labels is not None and not _fspath(labels, "labels"):
+        raise ValueError("labels is an empty path; give the labels CSV file")
+    csv_path = None if labels is None else Path(labels)
     height, width = _as_size(size)
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable (done, total), not {type(progress).__name__}")

@@ -250,7 +250,8 @@ class Store:
         bounded by `limit`, not by the store's size."""
         if limit is not None and (not _is_int(limit) or limit < 0):
             raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
-        first, total = self._core.verify(limit)
+        # A limit above the record count lists them all (and 10**26 fits no machine word).
+        first, total = self._core.verify(None if limit is None else min(int(limit), len(self)))
         return DamagedRecords(first, total)
 
     def resident_bytes(self) -> Tuple[int, int]:
@@ -335,9 +336,11 @@ class StoreWriter:
 
     Each writer owns its temporary file, so two writers for one `path` (two processes, or a
     notebook cell run twice) never mix records: the first commit wins, a later one raises
-    FileExistsError (or, with overwrite=True, replaces it whole). When `path` is a symbolic
-    link to a store, overwrite=True replaces the file it points to and keeps the link; a
-    link to nothing is refused. Metadata is checked here, not at commit: it must be JSON a
+    FileExistsError (or, with overwrite=True, replaces it whole, keeping its mode). By the
+    output rule (docs/RELIABILITY.md), a `path` that is not a regular file (a directory, a
+    device, a named pipe, a socket) is refused with ValueError, when the writer is made and
+    again just before the rename; when `path` is a symbolic link to a store, overwrite=True
+    replaces the file it points to and keeps the link; a link to nothing is refused. Metadata is checked here, not at commit: it must be JSON a
     reader accepts (no NaN or infinity, no lone surrogates, at most MAX_META_LEN bytes,
     MAX_META_VALUES elements and MAX_META_DEPTH levels), and a `class_names` list must give
     each class a name of its own."""

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use super::to_py;
 use crate::pack::{
-    jpeg_simd, max_workers, Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND,
+    jpeg_simd, max_workers, workers_out_of_range, Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND,
     DECODE_MEMORY_BUDGET, MAX_DECODE_ALLOC, MAX_PIXELS,
 };
 
@@ -48,15 +48,21 @@ impl CoreDecoder {
         width: u32,
         mode: &str,
         fill: [u8; 3],
-        workers: Option<i64>,
+        workers: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let workers = workers
-            .map(|n| {
-                usize::try_from(n).map_err(|_| {
-                    PyValueError::new_err(format!("workers must be at least 1, not {n}"))
-                })
-            })
-            .transpose()?;
+        let workers = match workers {
+            None => None,
+            // An int beyond a machine word (10**26) is out of range like any other, not an
+            // OverflowError from the conversion.
+            Some(n) => match n
+                .extract::<u64>()
+                .ok()
+                .and_then(|n| usize::try_from(n).ok())
+            {
+                Some(n) => Some(n),
+                None => return Err(to_py(workers_out_of_range(n))),
+            },
+        };
         let mode = ResizeMode::from_name(mode).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "resize must be 'squash', 'crop' or 'pad', not {mode:?}"

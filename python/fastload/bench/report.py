@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from fastload.bench.measure import INSTALL_EXTRA
+from fastload.files import replace_atomically
 from fastload.progress import gigabytes
 from fastload.store import PathLike
 
@@ -208,8 +209,11 @@ def plot(results: dict, path: PathLike) -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in KIND_COLOURS.values()]
     ax.legend(handles, list(KIND_COLOURS), loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with replace_atomically(path, "plot") as f:
+            fig.savefig(f, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return Path(path)
 
 

@@ -40,6 +40,7 @@ from fastload.bench.stages import (
     bench_memcpy,
     bench_to_device,
 )
+from fastload.files import output_target, replace_atomically
 from fastload.inspect import machine_memory, memory_plan
 from fastload.progress import Progress
 from fastload.store import PathLike, Store, StoreWriter, _fspath
@@ -130,9 +131,11 @@ def run(
         raise ValueError("images and size go together: a memory plan for IMAGES images of SIZE×SIZE×3")
     if images is not None and (images < 1 or size < 1):
         raise ValueError(f"images and size must be positive, not {images} and {size}")
-    for output in (json_path, plot_path):
+    for output, what in ((json_path, "JSON report"), (plot_path, "plot")):
         if output is not None and not Path(_fspath(output, "output path")).parent.is_dir():
             raise ValueError(f"{output}: its directory does not exist (checked before the run, not after it)")
+        if output is not None:
+            output_target(output, what)  # the output rule, before the run (and again when written)
     if plot_path is not None:
         require_matplotlib()
     if store is not None:
@@ -200,7 +203,8 @@ def run(
     results["verdict"] = verdict(results["rows"], memory)
     results["targets"] = targets(results["rows"], ctx.sample_bytes)
     if json_path is not None:
-        Path(json_path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        with replace_atomically(json_path, "JSON report") as f:
+            f.write((json.dumps(results, indent=2) + "\n").encode("utf-8"))
     if plot_path is not None:
         plot(results, plot_path)
     if console:

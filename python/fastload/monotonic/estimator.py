@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastload.atomic import write_atomically
+from fastload.files import write_atomically
 from fastload.monotonic.layers import (
     _CURVATURES,
     CategoricalCalibrator,
@@ -749,9 +749,10 @@ class _LatticeEstimator(BaseEstimator):
         """Writes the declaration, what fit learned and the parameters to ``path``: a torch file
         of plain values and tensors, which :meth:`load` reads with ``weights_only=True`` (NumPy
         scalars become Python's, a RandomState the seed fit drew from it; ValueError naming a
-        parameter that holds anything else). Written whole or not at all (a temporary file
-        beside ``path``, renamed over it): a failed write (OSError "cannot write the model file
-        PATH: No space left on device") leaves the previous file intact."""
+        parameter that holds anything else). Written atomically by the output rule
+        (:mod:`fastload.files`): a device, FIFO or folder at ``path`` is refused, a symbolic link
+        written through, and a failed write (OSError "cannot write the model file PATH: No space
+        left on device") leaves the previous file intact."""
         self._check_fitted()
         names = getattr(self, "feature_names_in_", None)
         params = self.get_params(deep=False)

@@ -13,6 +13,7 @@ from typing import Union
 
 import torch
 
+from fastload.files import replace_atomically
 from fastload.monotonic.layers import CategoricalCalibrator
 
 __all__ = ["plot_calibrators"]
@@ -24,7 +25,8 @@ def plot_calibrators(model, path: Union[str, Path], columns: int = 3) -> Path:
     :class:`~fastload.monotonic.LatticeClassifier`: numeric features as the line through their
     keypoints (the quantiles of the training data), categorical ones as a bar per category, a
     dashed line for the learned output of missing values. Titles give each declaration. Returns
-    the path. Raises ImportError naming matplotlib when it is not installed."""
+    the path. Raises ImportError naming matplotlib when it is not installed. Written atomically
+    by the output rule (:mod:`fastload.files`)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -61,5 +63,6 @@ def plot_calibrators(model, path: Union[str, Path], columns: int = 3) -> Path:
             axes.set_title(f"{feature.name} ({feature.description})", fontsize="medium")
             axes.set_ylabel("calibrated")
     path = Path(path)
-    figure.savefig(path, format="png", dpi=100)
+    with replace_atomically(path, "plot") as f:
+        figure.savefig(f, format="png", dpi=100)
     return path

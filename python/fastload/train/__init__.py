@@ -12,14 +12,17 @@ checkpoints tied to their stores), ``report`` (epoch lines and JSON logs).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
 
+from fastload.files import read_regular_file
 from fastload.inspect import machine_memory
-from fastload.store import PathLike, Store
+from fastload.options import MAX_RUNS_FILE_BYTES
+from fastload.store import PathLike, Store, _fspath
 from fastload.train.checkpoint import load_checkpoint, load_group, store_fingerprint
 from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
@@ -185,6 +188,24 @@ def _make_checkpoint_folder(folder: Optional[PathLike]) -> None:
         raise ValueError(f"{where}; cannot create it: {exc.strerror}") from None
 
 
+def read_runs_file(path: PathLike) -> List[dict]:
+    """The runs a JSON file lists for :func:`fit_many` (a non-empty list of objects, one per
+    run). Like a labels CSV, it must be a regular file, of at most ``MAX_RUNS_FILE_BYTES``
+    (``/dev/zero`` or a FIFO is refused, not read until memory runs out); JSON nested too deep
+    for the parser is refused too, each with a ValueError naming the file."""
+    path = _fspath(path, "runs file")
+    data = read_regular_file(path, MAX_RUNS_FILE_BYTES, "runs file")
+    try:
+        runs = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"runs file {path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"runs file {path}: nested too deeply to be a list of runs") from None
+    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
+        raise ValueError(f"runs file {path}: expected a non-empty JSON list of objects, one per run")
+    return runs
+
+
 def _check_state_memory(
     configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device
 ) -> None:
@@ -226,6 +247,7 @@ __all__ = [
     "load_monotone_inputs",
     "option_problem",
     "prepare_images",
+    "read_runs_file",
     "resolve_device",
     "runs_table",
     "store_fingerprint",

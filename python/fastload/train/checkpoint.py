@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from fastload.atomic import check_writable, previous_path, write_together
+from fastload.files import check_writable, previous_path, write_together
 from fastload.store import PathLike, Store, _fspath
 from fastload.train.task import PATIENCE_FIGURES, REGRESSION
 
@@ -27,20 +27,20 @@ CHECKSUM_SECTION_FIELD = 80  # docs/FORMAT.md: offset and length (u64 each) of t
 
 
 def check_checkpoint_path(path: str) -> None:
-    """Before the first epoch: the checkpoint's folder exists and takes a new file."""
+    """Before the first epoch: the checkpoint's folder exists and takes a new file, and the
+    path passes the output rule (fastload.files)."""
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise ValueError(f"checkpoint {path}: its directory does not exist")
-    if os.path.isdir(path):
-        raise ValueError(f"checkpoint {path} is a directory")
     check_writable(path, "checkpoint")
 
 
 def save_group(checkpoints: Sequence[Tuple[str, Callable[[], dict]]]) -> None:
     """Writes each checkpoint (its path, and a function making its contents) as one change
-    (:func:`~fastload.atomic.write_together`): every file is written and fsynced before any
+    (:func:`~fastload.files.write_together`): every file is written and fsynced before any
     is renamed, so a failed write (a full disk: OSError "cannot write the checkpoint PATH: No
     space left on device") leaves the previous set whole, and a crash among the renames leaves
-    a set :func:`load_group` resumes from. One checkpoint is written atomically on its own."""
+    a set :func:`load_group` resumes from. One checkpoint is written atomically on its own.
+    By the output rule (fastload.files), a device or FIFO is refused and a link written through."""
     if checkpoints:
         write_together(
             [(path, lambda f, make=make: torch.save(make(), f)) for path, make in checkpoints], "checkpoint"

@@ -31,6 +31,7 @@ MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB 
 # layer may (MAX_LATTICE_ENTRIES); together they are checked against that table size too.
 MAX_NUM_FEATURES = 4096
 MAX_LATTICE_SIZE = 32
+MAX_SEED = 2**62 - 1  # as FastLoadDataset's seed (dataset.plan.positive_int)
 # Host bytes a training step holds per image byte of its batch: the uint8 buffers in flight
 # (the one in use and the prefetched ones) and the float32 copy the model reads.
 BATCH_BYTES_PER_IMAGE_BYTE = 8
@@ -100,6 +101,8 @@ class TrainConfig:
             "threads",
             "workers",
             "size",
+            "seed",
+            "data_seed",
         )
         bounded += ("num_features", "lattice_size")
         for name in bounded + ("lr", "weight_decay", "val_fraction"):
@@ -113,10 +116,6 @@ class TrainConfig:
         check_lattice_size(
             sizes, count, f"num_features {self.num_features} with lattice_size {self.lattice_size}"
         )
-        for name in ("seed", "data_seed"):
-            value = getattr(self, name)
-            if value is not None and not _is_int(value):
-                raise ValueError(f"{name} must be an integer, not {value!r}")
         if self.data_seed is None:
             self.data_seed = self.seed
         if not isinstance(self.augment, str):
@@ -161,6 +160,8 @@ def _integer_bounds() -> dict:
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
         "size": (8, MAX_SIZE, "a larger image does not fit a backbone's memory"),
+        "seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
+        "data_seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
     }
 
 

@@ -9,6 +9,7 @@ import re
 import sys
 from typing import Optional, TextIO
 
+from fastload.files import append_text
 from fastload.store import PathLike, _fspath
 
 # Classes an epoch line shows their counts for (the JSON log has every class): all of them up to
@@ -129,11 +130,12 @@ def epoch_logger(
 ):
     """A ``log`` callable for :func:`fit`: a line per epoch on ``stream`` (default: the current
     stdout; JSON or human) and, with ``json_log``, a JSON line appended to that file, which is
-    opened (created if missing) now, so an unwritable path fails before the first epoch."""
+    opened (created if missing) now, so an unwritable path fails before the first epoch. The
+    log follows the output rule (:func:`fastload.files.append_text`): a device, FIFO or folder
+    is refused, a symbolic link written through, and a failed write names the file."""
     if json_log is not None:
         json_log = _fspath(json_log, "json_log")
-        with open(json_log, "a", encoding="utf-8"):
-            pass
+        append_text(json_log, "", "JSON log")
 
     def log(metrics: dict) -> None:
         line = json.dumps(metrics)
@@ -141,7 +143,6 @@ def epoch_logger(
         out.write((line if json_lines else format_epoch(metrics)) + "\n")
         out.flush()
         if json_log is not None:
-            with open(json_log, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            append_text(json_log, line + "\n", "JSON log")
 
     return log

@@ -1,0 +1,362 @@
+"""The output rule (docs/RELIABILITY.md, python/fastload/files.py): every writer refuses a path
+that is not a regular file, naming it and what it is, leaves that file as it was, writes through
+a symbolic link (the link stays, its target is replaced), and gives the new file the umask's
+mode or the mode of the file it replaces.
+
+Each writer is tried against copies made here: a character device (a ``mknod`` copy of
+/dev/null), a named pipe, a directory and a symbolic link to an existing output."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+import test_train
+from test_train import FAST
+
+from fastload import StoreWriter, cli
+from fastload.augment import Augment, save_preview
+from fastload.pack import pack
+from fastload.store import Store
+from fastload.train import epoch_logger, fit
+
+AS_ROOT = os.geteuid() == 0
+store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
+ONE_STEP = dict(epochs=1, max_steps=1, **FAST)
+IMG = np.zeros((2, 2, 3), np.uint8)
+
+SPECIALS = ("character device", "named pipe", "directory")
+
+
+def make_special(path, kind):
+    """A character device (a copy of /dev/null's numbers), a FIFO or a folder at ``path``."""
+    if kind == "character device":
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    elif kind == "named pipe":
+        os.mkfifo(path)
+    else:
+        os.mkdir(path)
+
+
+def identity(path):
+    st = os.lstat(path)
+    return stat.S_IFMT(st.st_mode), st.st_ino, st.st_rdev
+
+
+@pytest.fixture
+def reader_of():
+    """Opens the read end of a FIFO, so a writer that (wrongly) opens it does not block."""
+    fds = []
+
+    def open_reader(path):
+        fds.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+
+    yield open_reader
+    for fd in fds:
+        os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("images")
+    for name in ("cat", "dog"):
+        (folder / name).mkdir()
+        Image.new("RGB", (8, 8), (40, 80, 120)).save(folder / name / "0.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def estimator():
+    sklearn = pytest.importorskip("sklearn")  # noqa: F841  (LatticeRegressor is scikit-learn style)
+    from fastload.monotonic import LatticeRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (64, 2))
+    return LatticeRegressor(features={"x0": "increasing", "x1": "decreasing"}, max_iter=2).fit(
+        X, X[:, 0] - X[:, 1]
+    )
+
+
+def _cli(argv, capsys):
+    try:
+        status = cli.main([os.fspath(a) for a in argv])
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return status, err
+
+
+class Env:
+    """What the writers need, and a way to run each through the API or the command line."""
+
+    def __init__(self, store, images, estimator, capsys):
+        self.store, self.images, self.estimator, self.capsys = store, images, estimator, capsys
+
+    def cli(self, *argv):
+        status, err = _cli(argv, self.capsys)
+        if status != 0:
+            raise ValueError(err)
+
+
+def _store_overwrite(env, path):
+    with StoreWriter(path, (2, 2, 3), overwrite=True) as w:
+        w.extend(np.stack([IMG] * 3), np.arange(3.0))
+
+
+def _pack_overwrite(env, path):
+    pack(env.images, path, size=4, overwrite=True, quiet=True)
+
+
+def _checkpoint(env, path):
+    fit(env.store, checkpoint=path, **ONE_STEP)
+
+
+def _preview(env, path):
+    save_preview(env.store, path, Augment.from_spec("flip"), records=2, epochs=2)
+
+
+def _model(env, path):
+    env.estimator.save(path)
+
+
+def _plot(env, path):
+    pytest.importorskip("matplotlib")
+    from fastload.monotonic import plot_calibrators
+
+    plot_calibrators(env.estimator, path)
+
+
+def _json_log(env, path):
+    epoch_logger(json_lines=True, json_log=path, stream=io.StringIO())({"epoch": 1})
+
+
+def _bench_json(env, path):
+    from fastload import bench
+
+    bench.run(env.store, quick=True, only="memcpy", json_path=path, console=False)
+
+
+def _cli_pack(env, path):
+    env.cli("pack", env.images, path, "--size", "4", "--overwrite", "--quiet")
+
+
+def _cli_checkpoint(env, path):
+    env.cli("train", env.store, "--device", "cpu", "--threads", "1", "--epochs", "1", "--max-steps", "1",
+            "--checkpoint", path)  # fmt: skip
+
+
+def _cli_preview(env, path):
+    env.cli("augment-preview", env.store, "-o", path, "--records", "2", "--epochs", "2")
+
+
+def _cli_json_log(env, path):
+    env.cli("train", env.store, "--device", "cpu", "--threads", "1", "--epochs", "1", "--json-log", path)
+
+
+# (writer, how to call it, what it does to an existing file: "replace" or "append")
+WRITERS = [
+    ("StoreWriter(overwrite=True)", _store_overwrite, "replace"),
+    ("pack(overwrite=True)", _pack_overwrite, "replace"),
+    ("fit(checkpoint=)", _checkpoint, "replace"),
+    ("save_preview", _preview, "replace"),
+    ("LatticeRegressor.save", _model, "replace"),
+    ("plot_calibrators", _plot, "replace"),
+    ("epoch_logger(json_log=)", _json_log, "append"),
+    ("bench.run(json_path=)", _bench_json, "replace"),
+    ("fastload pack --overwrite", _cli_pack, "replace"),
+    ("fastload train --checkpoint", _cli_checkpoint, "replace"),
+    ("fastload augment-preview -o", _cli_preview, "replace"),
+    ("fastload train --json-log", _cli_json_log, "append"),
+]
+
+
+@pytest.fixture
+def env(store_path, images, estimator, capsys):
+    return Env(store_path, images, estimator, capsys)
+
+
+@pytest.mark.parametrize("kind", SPECIALS)
+@pytest.mark.parametrize("write", [w[1] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_a_path_that_is_not_a_regular_file_is_refused_and_left_alone(env, tmp_path, reader_of, write, kind):
+    path = tmp_path / "out"
+    make_special(path, kind)
+    if kind == "named pipe":
+        reader_of(path)
+    before = identity(path)
+    with pytest.raises(ValueError) as refused:
+        write(env, path)
+    assert f"{path} is a {kind}, not a regular file" in str(refused.value)
+    assert identity(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial left
+
+
+@pytest.mark.parametrize("write,effect", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_a_symbolic_link_is_written_through_and_kept(env, tmp_path, write, effect):
+    (tmp_path / "elsewhere").mkdir()
+    real = tmp_path / "elsewhere" / "real"
+    real.write_bytes(b"old\n")
+    link = tmp_path / "out"
+    link.symlink_to(real)
+    write(env, link)
+    assert link.is_symlink() and os.readlink(link) == os.fspath(real)
+    data = real.read_bytes()
+    if effect == "append":
+        assert data.startswith(b"old\n") and len(data.splitlines()) >= 2
+    else:
+        assert data != b"old\n"
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["real"]  # no partial left
+
+
+@pytest.mark.parametrize("write", [w[1] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_a_link_to_a_device_is_refused_and_the_device_left_alone(env, tmp_path, write):
+    device = tmp_path / "null"
+    make_special(device, "character device")
+    (tmp_path / "out").symlink_to(device)
+    with pytest.raises(ValueError, match="is a symbolic link to .*null, a character device, not a regular"):
+        write(env, tmp_path / "out")
+    assert stat.S_ISCHR(os.lstat(device).st_mode) and (tmp_path / "out").is_symlink()
+
+
+def test_a_replaced_store_written_through_a_link_holds_the_new_records(tmp_path):
+    real = tmp_path / "real.fastload"
+    with StoreWriter(real, (2, 2, 3)) as w:
+        w.append(IMG, 0.0)
+    (tmp_path / "link.fastload").symlink_to(real)
+    _store_overwrite(None, tmp_path / "link.fastload")
+    with Store(real) as store:
+        assert len(store) == 3
+
+
+def test_outputs_get_the_umask_mode_or_keep_the_replaced_files_mode(store_path, tmp_path):
+    old = os.umask(0o027)
+    try:
+        env = types.SimpleNamespace(store=store_path)
+        fresh = tmp_path / "fresh.png"
+        _preview(env, fresh)
+        assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o640  # 0o666 & ~0o027; mkstemp gave 0o600
+        kept = tmp_path / "kept.png"
+        kept.write_bytes(b"")
+        kept.chmod(0o604)
+        _preview(env, kept)
+        assert stat.S_IMODE(os.stat(kept).st_mode) == 0o604
+        store = tmp_path / "kept.fastload"
+        store.write_bytes(b"")
+        store.chmod(0o604)
+        _store_overwrite(None, store)
+        assert stat.S_IMODE(os.stat(store).st_mode) == 0o604
+    finally:
+        os.umask(old)
+
+
+def test_a_path_turned_into_a_pipe_while_written_is_not_replaced(tmp_path, reader_of):
+    """Checked again just before the rename: in Python (PendingOutput) and in Rust (StoreWriter)."""
+    from fastload.files import PendingOutput
+
+    path = tmp_path / "out"
+    path.write_bytes(b"old")
+    pending = PendingOutput(path, "preview")
+    pending.file.write(b"new")
+    path.unlink()
+    make_special(path, "named pipe")
+    with pytest.raises(ValueError, match=f"preview {path} is a named pipe"):
+        pending.commit()
+    assert stat.S_ISFIFO(os.lstat(path).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+    store = tmp_path / "s.fastload"
+    store.write_bytes(b"old")
+    writer = StoreWriter(store, (2, 2, 3), overwrite=True)
+    writer.append(IMG, 1.0)
+    store.unlink()
+    make_special(store, "named pipe")
+    with pytest.raises(ValueError, match=f"store {store} is a named pipe"):
+        writer.commit()
+    writer.discard()
+    assert stat.S_ISFIFO(os.lstat(store).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "s.fastload"]
+
+
+def test_a_link_retargeted_while_written_is_not_replaced(tmp_path):
+    from fastload.files import replace_atomically
+
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    link = tmp_path / "out"
+    link.symlink_to("a")
+    with (
+        pytest.raises(ValueError, match="changed while it was written"),
+        replace_atomically(link, "plot") as f,
+    ):
+        f.write(b"new")
+        link.unlink()
+        link.symlink_to("b")
+    assert (tmp_path / "a").read_bytes() == b"a" and (tmp_path / "b").read_bytes() == b"b"
+
+
+def test_a_dangling_link_is_refused(tmp_path):
+    from fastload.files import PendingOutput, append_text
+
+    (tmp_path / "out").symlink_to("missing")
+    with pytest.raises(ValueError, match="symbolic link to missing, which does not resolve"):
+        PendingOutput(tmp_path / "out", "preview")
+    with pytest.raises(ValueError, match="symbolic link to missing, which does not resolve"):
+        append_text(tmp_path / "out", "x", "JSON log")
+    assert not (tmp_path / "missing").exists()
+
+
+# ---------------------------------------------------------------- failed writes name the file
+
+FULL_LOG = textwrap.dedent(
+    """
+    import io, resource, signal, sys
+    from fastload.train import epoch_logger
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    log = epoch_logger(json_lines=True, json_log=sys.argv[1], stream=io.StringIO())
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    log({"epoch": 1, "padding": "x" * 3000})
+    log({"epoch": 2, "padding": "x" * 3000})
+    """
+)
+
+
+def test_a_failed_json_log_write_names_the_file_and_leaves_whole_lines(tmp_path):
+    log = tmp_path / "log.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_LOG, log], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert f"OSError: [Errno 27] cannot write the JSON log {log}: File too large" in result.stderr
+    assert [json.loads(line)["epoch"] for line in log.read_text().splitlines()] == [1]
+
+
+def test_a_failed_model_save_names_the_file_not_torch_internals(estimator, tmp_path, monkeypatch):
+    import errno
+
+    import torch
+
+    real_save = torch.save
+
+    def full_disk(obj, f):
+        class Full(io.RawIOBase):
+            def writable(self):
+                return True
+
+            def write(self, b):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        real_save(obj, Full())  # torch answers the OSError with a RuntimeError of its own
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=f"cannot write the model file {tmp_path / 'm.pt'}: No space left"):
+        estimator.save(tmp_path / "m.pt")
+    assert list(tmp_path.iterdir()) == []
