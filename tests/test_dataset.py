@@ -112,6 +112,64 @@ def test_block_order_keeps_blocks_together():
     assert sorted(np.unique(windows)) == list(range(100))
 
 
+# At least 20 records: two seeds then give the same shuffled order with negligible probability
+# (1 / the number of equally likely orders). Random order draws one of 20! (2e18) orders; block
+# order at worst, with blocks of 3 records each its own window, one of 7! * 3!^6 * 2! (5e8):
+# the seed shuffles the blocks and the records within each window, whatever the sizes.
+SHUFFLED = st.sampled_from(["random", "block"])
+DISTINCT_SEEDS = st.lists(st.integers(0, 2**62 - 1), min_size=2, max_size=2, unique=True)
+
+
+@given(
+    order=SHUFFLED,
+    count=st.integers(20, 400),
+    seeds=DISTINCT_SEEDS,
+    at_epoch=st.integers(0, 10**6),
+    block_size=st.integers(1, 64),
+    window=st.integers(1, 16),
+)
+def test_every_shuffled_order_differs_between_seeds_at_the_same_epoch(
+    order, count, seeds, at_epoch, block_size, window
+):
+    """Two runs with different seeds must not read the same data order: each shuffled order
+    is a function of the seed too, not only of the epoch."""
+    indices = np.arange(1000, 1000 + count)
+    first, second = (epoch_order(indices, order, seed, at_epoch, block_size, window) for seed in seeds)
+    assert sorted(first) == sorted(second) == list(indices)
+    assert not np.array_equal(first, second)
+
+
+@given(seeds=DISTINCT_SEEDS, at_epoch=st.integers(0, 10**6))
+def test_sequential_order_is_the_same_whatever_the_seed(seeds, at_epoch):
+    indices = np.array([9, 2, 7, 4])
+    for seed in seeds:
+        assert epoch_order(indices, "sequential", seed, at_epoch, 1, 1).tolist() == [2, 4, 7, 9]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    order=SHUFFLED,
+    indices=st.lists(st.integers(0, N - 1), min_size=20, max_size=N, unique=True),
+    seeds=DISTINCT_SEEDS,
+    at_epoch=st.integers(0, 1000),
+    block_size=st.integers(1, 16),
+)
+def test_datasets_with_different_seeds_yield_different_orders(
+    store_path, order, indices, seeds, at_epoch, block_size
+):
+    """What a user sees of the seed: `FastLoadDataset(seed=...)` at the same epoch yields the
+    same records in a different order (`indices` drawn at least 20 long, see SHUFFLED)."""
+    orders = []
+    for seed in seeds:
+        ds = FastLoadDataset(
+            store_path, 8, order=order, seed=seed, indices=indices, block_size=block_size, return_indices=True
+        )
+        ds.set_epoch(at_epoch)
+        orders.append(sum(epoch(ds), []))
+    assert sorted(orders[0]) == sorted(orders[1]) == sorted(indices)
+    assert orders[0] != orders[1]
+
+
 def test_shuffle_false_is_sequential(store_path):
     ds = FastLoadDataset(store_path, 10, shuffle=False, return_indices=True)
     assert sum(epoch(ds), []) == list(range(N))
