@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
+import weakref
 
 import numpy as np
 import pytest
 import torch
 
+import fastload.train.data as train_data
 from fastload import cli
 from fastload.monotonic import check_monotone
 from fastload.store import Store, StoreWriter
@@ -213,6 +216,103 @@ def test_data_wait_fraction_is_the_time_waited_for_batches_over_the_epochs_time(
     for metrics in result.history:
         assert metrics["seconds"] == batches * (0.75 + 0.25)
         assert metrics["data_wait_fraction"] == batches * 0.75 / metrics["seconds"] == 0.75
+
+
+class SimulatedCudaStreams:
+    """The CUDA calls of the training loop's device batches, simulated on the CPU (no GPU in CI):
+    a side stream and the current stream, each a queue of work the "GPU" runs only when an event
+    on it is synchronized (as late as it may), so a host batch let go of too early, or a step
+    not told to wait for its batch's copy, shows up."""
+
+    def __init__(self, monkeypatch):
+        self.side, self.current, self.active = [], [], None
+        self.copies = []  # [done] per batch copied, in order
+        sim = self
+
+        class Stream:
+            def __init__(self, queue):
+                self.queue = queue
+
+            def wait_stream(self, other):
+                self.queue.append(("wait", len(other.queue)))
+
+        class Event:
+            def record(self, stream):
+                self.stream, self.position = stream, len(stream.queue)
+                stream.queue.append(("event", self))
+
+            def synchronize(self):
+                sim.run(self.stream.queue, self.position)
+
+        self.side_stream, self.current_stream = Stream(self.side), Stream(self.current)
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device: self.side_stream)
+        monkeypatch.setattr(torch.cuda, "stream", self.using)
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device: self.current_stream)
+
+    @contextlib.contextmanager
+    def using(self, stream):
+        self.active = stream
+        yield
+        self.active = None
+
+    def run(self, queue, upto):
+        """Runs `queue`'s work up to and including position `upto`."""
+        for kind, item in queue[: upto + 1]:
+            if kind == "copy":
+                item[0] = True
+
+    def copy(self):
+        """Queues a host-to-device copy on the stream in use; its [done] flag."""
+        assert self.active is self.side_stream, "the copy goes on the side stream"
+        done = [False]
+        self.side.append(("copy", done))
+        self.copies.append(done)
+        return done
+
+    def current_waits_for(self, done):
+        """Whether work queued now on the current stream runs after the copy `done`."""
+        position = next(i for i, (kind, item) in enumerate(self.side) if item is done)
+        return any(kind == "wait" and upto > position for kind, upto in self.current)
+
+
+def test_cuda_batches_are_held_until_their_copy_ran_and_steps_wait_for_them(monkeypatch):
+    """The CUDA path of the training loop's batches (`fastload.train.data`): each host batch
+    is copied on a side stream, the current stream waits for that copy before the step's
+    kernels, the device tensors are marked as used on the current stream, and the host batch
+    stays alive until its copy has run (its pinned buffer must not be refilled earlier)."""
+    sim = SimulatedCudaStreams(monkeypatch)
+    released = []  # (batch number, whether its copy had run) as host batches die
+
+    class DeviceTensor:
+        def __init__(self):
+            self.streams = []
+
+        def record_stream(self, stream):
+            self.streams.append(stream)
+
+    class Prepare:
+        device = torch.device("cuda")
+
+        def __call__(self, batch):
+            images, _, number = batch
+            done = sim.copy()
+            weakref.finalize(images, lambda: released.append((number, done[0])))
+            return DeviceTensor(), DeviceTensor(), None
+
+    def host_batches():
+        for number in range(5):
+            yield torch.zeros(2, 4, 4, 3, dtype=torch.uint8), torch.zeros(2), number
+
+    batches = train_data._device_batches(host_batches(), Prepare(), [])
+    for number in range(5):
+        x, y, m = next(batches)
+        assert sim.current_waits_for(sim.copies[number])
+        assert x.streams == y.streams == [sim.current_stream] and m is None
+        del x, y
+        assert all(copied for _, copied in released)
+        assert [n for n, _ in released] == list(range(number))  # the latest one is still held
+    assert next(batches, None) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
