@@ -294,6 +294,31 @@ mod tests {
     }
 
     #[test]
+    fn a_rewrite_in_place_is_seen_whatever_the_two_modification_times() {
+        // Times that a wrong formula for the nanoseconds would confuse: whole seconds (their
+        // product with the nanoseconds is 0), and one second later but a nanosecond earlier
+        // (the sum of seconds and nanoseconds is the same).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let header = write(&path, 2, "{}");
+        let at = |secs, nanos| std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+        let set_mtime = |time| {
+            let file = OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_modified(time).unwrap();
+        };
+        let t = 1_700_000_000;
+        for (before, after) in [(at(t, 0), at(t + 5, 0)), (at(t, 1), at(t + 1, 0))] {
+            set_mtime(before);
+            let s = Store::open(&path).unwrap();
+            s.check_unchanged().unwrap();
+            patch(&path, header.images.offset, &[8]);
+            set_mtime(after);
+            let err = s.check_unchanged().unwrap_err().to_string();
+            assert!(err.contains("modified in place"), "{err}");
+        }
+    }
+
+    #[test]
     fn metadata_beyond_the_bounds_opens_but_is_not_handed_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");

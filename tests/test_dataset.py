@@ -110,6 +110,18 @@ def test_block_order_keeps_blocks_together():
     windows = order.reshape(-1, 40) // 10  # each window of 40 draws from exactly 4 whole blocks
     assert all(len(set(w)) == 4 for w in windows)
     assert sorted(np.unique(windows)) == list(range(100))
+    # and mixes their records: not 4 runs of one block each (1 chance in 40!/10!^4 per window)
+    assert all(np.count_nonzero(np.diff(w)) > 3 for w in windows)
+
+
+def test_random_order_ignores_the_block_parameters_and_no_order_fails_on_no_records():
+    indices = np.arange(100, 300)
+    random = [
+        epoch_order(indices, "random", 5, 2, block_size, window) for block_size, window in [(1, 1), (7, 3)]
+    ]
+    assert np.array_equal(*random)
+    for order in ("random", "sequential", "block"):
+        assert len(epoch_order(indices[:0], order, 5, 2, 7, 3)) == 0
 
 
 # At least 20 records: two seeds then give the same shuffled order with negligible probability
@@ -791,6 +803,25 @@ def test_split_indices():
     assert train.dtype == np.int64 and list(train) == sorted(train)
     with pytest.raises(ValueError, match="val_fraction"):
         split_indices(10, 1.5)
+
+
+def test_split_indices_edges_and_arguments(store_path):
+    """The edges a mutation pass found unchecked: both ends of val_fraction, zero records, a
+    `Store` object, the default seed, and errors that name the argument."""
+    assert [len(part) for part in split_indices(10, 0.0)] == [10, 0]
+    assert [len(part) for part in split_indices(10, 1.0)] == [0, 10]
+    assert [len(part) for part in split_indices(0, 0.5)] == [0, 0]
+    with Store(store_path) as store:
+        assert [len(part) for part in split_indices(store, 0.25)] == [N - 13, 13]
+    assert all(np.array_equal(a, b) for a, b in zip(split_indices(50, 0.3), split_indices(50, 0.3, seed=0)))
+    with pytest.raises(ValueError, match="^n must be an integer >= 0"):
+        split_indices(-1, 0.1)
+    with pytest.raises(ValueError, match="^seed must be an integer >= 0"):
+        split_indices(10, 0.1, seed=-1)
+    with pytest.raises(ValueError, match=r"^seed must be below 2\*\*62"):
+        split_indices(10, 0.1, seed=2**62)
+    with pytest.raises(TypeError, match="^n_or_store must be a str or os.PathLike, not float"):
+        split_indices(10.0, 0.1)
 
 
 def test_split_indices_from_a_store_feeds_datasets(store_path):
