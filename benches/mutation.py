@@ -43,7 +43,7 @@ MODULES = {
     "dataset/dataset.py": ["tests/test_dataset.py"],
     "dataset/buffers.py": ["tests/test_dataset.py", "tests/test_buffers.py"],
     "dataset/prefetch.py": ["tests/test_dataset.py"],
-    "device.py": ["tests/test_dataset.py"],
+    "device.py": ["tests/test_dataset.py", "tests/test_augment.py"],
     "augment.py": ["tests/test_augment.py"],
     "pack.py": ["tests/test_pack.py", "tests/test_pack_safety.py"],
     "train/checkpoint.py": ["tests/test_train.py", "tests/test_train_safety.py"],

@@ -319,6 +319,17 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_store_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in [0, 1] {
+            let path = dir.path().join(format!("{n}.bin"));
+            write(&path, n, "{}");
+            let s = Store::open(&path).unwrap();
+            assert_eq!((s.len(), s.is_empty()), (n as u64, n == 0));
+        }
+    }
+
+    #[test]
     fn metadata_beyond_the_bounds_opens_but_is_not_handed_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");

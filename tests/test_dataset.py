@@ -889,14 +889,47 @@ def test_to_device_makes_its_normalization_tensors_once_per_setting():
 
 
 def test_to_device_rejects_bad_input():
+    images = torch.zeros(1, 2, 2, 3, dtype=torch.uint8)
     with pytest.raises(TypeError, match="uint8"):
         to_device(torch.zeros(1, 2, 2, 3), "cpu")
-    with pytest.raises(ValueError, match="mean must have 1 or 3 values"):
-        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", mean=[0.1, 0.2])
-    with pytest.raises(ValueError, match="std must not be zero"):
-        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", std=[0.1, 0.0, 0.2])
-    with pytest.raises(TypeError, match="floating-point"):
-        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", dtype=torch.int32)
+    with pytest.raises(ValueError, match="^mean must have 1 or 3 values, not 2$"):
+        to_device(images, "cpu", mean=[0.1, 0.2])
+    with pytest.raises(ValueError, match="^std must have 1 or 3 values, not 2$"):
+        to_device(images, "cpu", std=[0.1, 0.2])
+    with pytest.raises(ValueError, match="^std must not be zero$"):
+        to_device(images, "cpu", std=[0.1, 0.0, 0.2])
+    for dtype in (torch.int32, "float64x", "float 16", "int32"):
+        with pytest.raises(TypeError, match="^dtype must be a floating-point torch dtype"):
+            to_device(images, "cpu", dtype=dtype)
+
+
+def test_to_device_takes_a_dtype_by_name_and_moves_to_the_device_asked_for():
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    assert to_device(images, "cpu", dtype="bfloat16").dtype == torch.bfloat16
+    # "meta": a device other than the CPU that needs no GPU; normalisation happens there too
+    on_meta = to_device(images, "meta", mean=[0.5, 0.4, 0.3], std=[0.2, 0.2, 0.2])
+    assert on_meta.device.type == "meta" and on_meta.shape == (2, 3, 4, 4)
+
+
+def test_to_device_augments_as_for_epoch_0_unless_told_the_epoch():
+    images = torch.arange(16 * 4 * 4 * 3, dtype=torch.int64).remainder(251).to(torch.uint8).view(16, 4, 4, 3)
+    augment, keys = fastload.Augment(hflip=0.5, seed=3), list(range(16))
+    default = to_device(images, "cpu", augment=augment, keys=keys)
+    assert torch.equal(default, to_device(images, "cpu", augment=augment, keys=keys, epoch=0))
+    assert not torch.equal(default, to_device(images, "cpu", augment=augment, keys=keys, epoch=1))  # 2**-16
+
+
+def test_float32_cpu_batches_go_through_the_fused_kernel(monkeypatch):
+    """The same bits as the torch formula (tested above), in one pass instead of three."""
+    calls = []
+    convert = fastload.device.convert
+    monkeypatch.setattr(fastload.device, "convert", lambda *args: calls.append(1) or convert(*args))
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    to_device(images, "cpu")
+    assert calls == [1]
+    to_device(images, "cpu", dtype=torch.float16)
+    to_device(images, "cpu", channels_last=False)
+    assert calls == [1]
 
 
 def _rss_anon():
