@@ -319,6 +319,21 @@ mod tests {
     }
 
     #[test]
+    fn the_section_ranges_hold_every_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        write(&path, 3, "{}");
+        let s = Store::open(&path).unwrap();
+        let (images, labels) = (&s.map[s.images_range()], &s.map[s.labels_range()]);
+        let (stride, len) = (s.header().stride as usize, s.header().image_len());
+        assert_eq!((images.len(), labels.len()), (3 * stride, 3 * 8));
+        for i in 0..3 {
+            assert_eq!(&images[i * stride..i * stride + len], s.image(i));
+            assert_eq!(labels[i * 8..i * 8 + 8], s.label_bytes(i));
+        }
+    }
+
+    #[test]
     fn an_empty_store_says_so() {
         let dir = tempfile::tempdir().unwrap();
         for n in [0, 1] {

@@ -898,6 +898,12 @@ def test_to_device_rejects_bad_input():
         to_device(images, "cpu", std=[0.1, 0.2])
     with pytest.raises(ValueError, match="^std must not be zero$"):
         to_device(images, "cpu", std=[0.1, 0.0, 0.2])
+    with pytest.raises(TypeError, match="^augment must be a fastload.Augment, not str$"):
+        to_device(images, "cpu", augment="crop", keys=[0])
+    with pytest.raises(
+        ValueError, match=r"^augment needs keys: the record index of each image \(FastLoadDataset\("
+    ):
+        to_device(images, "cpu", augment=fastload.Augment(hflip=0.5))
     for dtype in (torch.int32, "float64x", "float 16", "int32"):
         with pytest.raises(TypeError, match="^dtype must be a floating-point torch dtype"):
             to_device(images, "cpu", dtype=dtype)
