@@ -38,7 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Each Python module (under python/fastload/) and the test files that check it.
 MODULES = {
-    "store.py": ["tests/test_store.py", "tests/test_writer_safety.py"],
+    "store.py": [
+        "tests/test_store.py",
+        "tests/test_writer_safety.py",
+        "tests/test_bad_input.py",
+        "tests/test_dataset.py",
+    ],
     "dataset/plan.py": ["tests/test_dataset.py"],
     "dataset/dataset.py": ["tests/test_dataset.py"],
     "dataset/buffers.py": ["tests/test_dataset.py", "tests/test_buffers.py"],

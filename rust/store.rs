@@ -334,6 +334,18 @@ mod tests {
     }
 
     #[test]
+    fn a_store_replaced_by_rename_is_not_a_change_to_the_mapped_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, other) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+        write(&path, 2, "{}");
+        let s = Store::open(&path).unwrap();
+        write(&other, 5, "{}");
+        std::fs::rename(&other, &path).unwrap();
+        s.check_unchanged().unwrap();
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
     fn an_empty_store_says_so() {
         let dir = tempfile::tempdir().unwrap();
         for n in [0, 1] {
