@@ -300,6 +300,69 @@ mod tests {
     }
 
     #[test]
+    fn a_rewrite_in_place_is_seen_whatever_the_two_modification_times() {
+        // Times that a wrong formula for the nanoseconds would confuse: whole seconds (their
+        // product with the nanoseconds is 0), and one second later but a nanosecond earlier
+        // (the sum of seconds and nanoseconds is the same).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let header = write(&path, 2, "{}");
+        let at = |secs, nanos| std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+        let set_mtime = |time| {
+            let file = OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_modified(time).unwrap();
+        };
+        let t = 1_700_000_000;
+        for (before, after) in [(at(t, 0), at(t + 5, 0)), (at(t, 1), at(t + 1, 0))] {
+            set_mtime(before);
+            let s = Store::open(&path).unwrap();
+            s.check_unchanged().unwrap();
+            patch(&path, header.images.offset, &[8]);
+            set_mtime(after);
+            let err = s.check_unchanged().unwrap_err().to_string();
+            assert!(err.contains("modified in place"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_section_ranges_hold_every_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        write(&path, 3, "{}");
+        let s = Store::open(&path).unwrap();
+        let (images, labels) = (&s.map[s.images_range()], &s.map[s.labels_range()]);
+        let (stride, len) = (s.header().stride as usize, s.header().image_len());
+        assert_eq!((images.len(), labels.len()), (3 * stride, 3 * 8));
+        for i in 0..3 {
+            assert_eq!(&images[i * stride..i * stride + len], s.image(i));
+            assert_eq!(labels[i * 8..i * 8 + 8], s.label_bytes(i));
+        }
+    }
+
+    #[test]
+    fn a_store_replaced_by_rename_is_not_a_change_to_the_mapped_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, other) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+        write(&path, 2, "{}");
+        let s = Store::open(&path).unwrap();
+        write(&other, 5, "{}");
+        std::fs::rename(&other, &path).unwrap();
+        s.check_unchanged().unwrap();
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_store_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in [0, 1] {
+            let path = dir.path().join(format!("{n}.bin"));
+            write(&path, n, "{}");
+            let s = Store::open(&path).unwrap();
+            assert_eq!((s.len(), s.is_empty()), (n as u64, n == 0));
+        }
+    }
+
+    #[test]
     fn metadata_beyond_the_bounds_opens_but_is_not_handed_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");

@@ -110,6 +110,76 @@ def test_block_order_keeps_blocks_together():
     windows = order.reshape(-1, 40) // 10  # each window of 40 draws from exactly 4 whole blocks
     assert all(len(set(w)) == 4 for w in windows)
     assert sorted(np.unique(windows)) == list(range(100))
+    # and mixes their records: not 4 runs of one block each (1 chance in 40!/10!^4 per window)
+    assert all(np.count_nonzero(np.diff(w)) > 3 for w in windows)
+
+
+def test_random_order_ignores_the_block_parameters_and_no_order_fails_on_no_records():
+    indices = np.arange(100, 300)
+    random = [
+        epoch_order(indices, "random", 5, 2, block_size, window) for block_size, window in [(1, 1), (7, 3)]
+    ]
+    assert np.array_equal(*random)
+    for order in ("random", "sequential", "block"):
+        assert len(epoch_order(indices[:0], order, 5, 2, 7, 3)) == 0
+
+
+# At least 20 records: two seeds then give the same shuffled order with negligible probability
+# (1 / the number of equally likely orders). Random order draws one of 20! (2e18) orders; block
+# order at worst, with blocks of 3 records each its own window, one of 7! * 3!^6 * 2! (5e8):
+# the seed shuffles the blocks and the records within each window, whatever the sizes.
+SHUFFLED = st.sampled_from(["random", "block"])
+DISTINCT_SEEDS = st.lists(st.integers(0, 2**62 - 1), min_size=2, max_size=2, unique=True)
+
+
+@given(
+    order=SHUFFLED,
+    count=st.integers(20, 400),
+    seeds=DISTINCT_SEEDS,
+    at_epoch=st.integers(0, 10**6),
+    block_size=st.integers(1, 64),
+    window=st.integers(1, 16),
+)
+def test_every_shuffled_order_differs_between_seeds_at_the_same_epoch(
+    order, count, seeds, at_epoch, block_size, window
+):
+    """Two runs with different seeds must not read the same data order: each shuffled order
+    is a function of the seed too, not only of the epoch."""
+    indices = np.arange(1000, 1000 + count)
+    first, second = (epoch_order(indices, order, seed, at_epoch, block_size, window) for seed in seeds)
+    assert sorted(first) == sorted(second) == list(indices)
+    assert not np.array_equal(first, second)
+
+
+@given(seeds=DISTINCT_SEEDS, at_epoch=st.integers(0, 10**6))
+def test_sequential_order_is_the_same_whatever_the_seed(seeds, at_epoch):
+    indices = np.array([9, 2, 7, 4])
+    for seed in seeds:
+        assert epoch_order(indices, "sequential", seed, at_epoch, 1, 1).tolist() == [2, 4, 7, 9]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    order=SHUFFLED,
+    indices=st.lists(st.integers(0, N - 1), min_size=20, max_size=N, unique=True),
+    seeds=DISTINCT_SEEDS,
+    at_epoch=st.integers(0, 1000),
+    block_size=st.integers(1, 16),
+)
+def test_datasets_with_different_seeds_yield_different_orders(
+    store_path, order, indices, seeds, at_epoch, block_size
+):
+    """What a user sees of the seed: `FastLoadDataset(seed=...)` at the same epoch yields the
+    same records in a different order (`indices` drawn at least 20 long, see SHUFFLED)."""
+    orders = []
+    for seed in seeds:
+        ds = FastLoadDataset(
+            store_path, 8, order=order, seed=seed, indices=indices, block_size=block_size, return_indices=True
+        )
+        ds.set_epoch(at_epoch)
+        orders.append(sum(epoch(ds), []))
+    assert sorted(orders[0]) == sorted(orders[1]) == sorted(indices)
+    assert orders[0] != orders[1]
 
 
 def test_shuffle_false_is_sequential(store_path):
@@ -737,6 +807,25 @@ def test_split_indices():
         split_indices(10, 1.5)
 
 
+def test_split_indices_edges_and_arguments(store_path):
+    """The edges a mutation pass found unchecked: both ends of val_fraction, zero records, a
+    `Store` object, the default seed, and errors that name the argument."""
+    assert [len(part) for part in split_indices(10, 0.0)] == [10, 0]
+    assert [len(part) for part in split_indices(10, 1.0)] == [0, 10]
+    assert [len(part) for part in split_indices(0, 0.5)] == [0, 0]
+    with Store(store_path) as store:
+        assert [len(part) for part in split_indices(store, 0.25)] == [N - 13, 13]
+    assert all(np.array_equal(a, b) for a, b in zip(split_indices(50, 0.3), split_indices(50, 0.3, seed=0)))
+    with pytest.raises(ValueError, match="^n must be an integer >= 0"):
+        split_indices(-1, 0.1)
+    with pytest.raises(ValueError, match="^seed must be an integer >= 0"):
+        split_indices(10, 0.1, seed=-1)
+    with pytest.raises(ValueError, match=r"^seed must be below 2\*\*62"):
+        split_indices(10, 0.1, seed=2**62)
+    with pytest.raises(TypeError, match="^n_or_store must be a str or os.PathLike, not float"):
+        split_indices(10.0, 0.1)
+
+
 def test_split_indices_from_a_store_feeds_datasets(store_path):
     train, val = split_indices(store_path, 0.25)
     assert len(train) + len(val) == N
@@ -802,14 +891,53 @@ def test_to_device_makes_its_normalization_tensors_once_per_setting():
 
 
 def test_to_device_rejects_bad_input():
+    images = torch.zeros(1, 2, 2, 3, dtype=torch.uint8)
     with pytest.raises(TypeError, match="uint8"):
         to_device(torch.zeros(1, 2, 2, 3), "cpu")
-    with pytest.raises(ValueError, match="mean must have 1 or 3 values"):
-        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", mean=[0.1, 0.2])
-    with pytest.raises(ValueError, match="std must not be zero"):
-        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", std=[0.1, 0.0, 0.2])
-    with pytest.raises(TypeError, match="floating-point"):
-        to_device(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "cpu", dtype=torch.int32)
+    with pytest.raises(ValueError, match="^mean must have 1 or 3 values, not 2$"):
+        to_device(images, "cpu", mean=[0.1, 0.2])
+    with pytest.raises(ValueError, match="^std must have 1 or 3 values, not 2$"):
+        to_device(images, "cpu", std=[0.1, 0.2])
+    with pytest.raises(ValueError, match="^std must not be zero"):
+        to_device(images, "cpu", std=[0.1, 0.0, 0.2])
+    with pytest.raises(TypeError, match="^augment must be a fastload.Augment, not str$"):
+        to_device(images, "cpu", augment="crop", keys=[0])
+    with pytest.raises(
+        ValueError, match=r"^augment needs keys: the record index of each image \(FastLoadDataset\("
+    ):
+        to_device(images, "cpu", augment=fastload.Augment(hflip=0.5))
+    for dtype in (torch.int32, "float64x", "float 16", "int32"):
+        with pytest.raises(TypeError, match="^dtype must be a floating-point torch dtype"):
+            to_device(images, "cpu", dtype=dtype)
+
+
+def test_to_device_takes_a_dtype_by_name_and_moves_to_the_device_asked_for():
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    assert to_device(images, "cpu", dtype="bfloat16").dtype == torch.bfloat16
+    # "meta": a device other than the CPU that needs no GPU; normalisation happens there too
+    on_meta = to_device(images, "meta", mean=[0.5, 0.4, 0.3], std=[0.2, 0.2, 0.2])
+    assert on_meta.device.type == "meta" and on_meta.shape == (2, 3, 4, 4)
+
+
+def test_to_device_augments_as_for_epoch_0_unless_told_the_epoch():
+    images = torch.arange(16 * 4 * 4 * 3, dtype=torch.int64).remainder(251).to(torch.uint8).view(16, 4, 4, 3)
+    augment, keys = fastload.Augment(hflip=0.5, seed=3), list(range(16))
+    default = to_device(images, "cpu", augment=augment, keys=keys)
+    assert torch.equal(default, to_device(images, "cpu", augment=augment, keys=keys, epoch=0))
+    assert not torch.equal(default, to_device(images, "cpu", augment=augment, keys=keys, epoch=1))  # 2**-16
+
+
+def test_float32_cpu_batches_go_through_the_fused_kernel(monkeypatch):
+    """The same bits as the torch formula (tested above), in one pass instead of three."""
+    calls = []
+    convert = fastload.device.convert
+    monkeypatch.setattr(fastload.device, "convert", lambda *args: calls.append(1) or convert(*args))
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    to_device(images, "cpu")
+    assert calls == [1]
+    to_device(images, "cpu", dtype=torch.float16)
+    to_device(images, "cpu", channels_last=False)
+    assert calls == [1]
 
 
 def _rss_anon():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import torch
 from fastload import cli
 from fastload.monotonic import MonotonicRegressor, check_monotone
 from fastload.store import Store, StoreWriter
-from fastload.train import TrainConfig, fit, prepare_images
+from fastload.train import TrainConfig, Trainer, fit, prepare_images
 from fastload.train.classifier import MonotonicClassifier
 from fastload.train.data import DataStream, open_data
 from fastload.train.trainer import channels_last_convolutions
@@ -146,6 +147,77 @@ def test_size_downscales_on_the_device_and_progress_draws_a_bar(store_path, caps
     assert prepare_images(batch, result.config, "cpu").shape == (2, 3, 8, 8)
     err = capsys.readouterr().err
     assert "epoch 1/1 " in err and f" 1/{STEPS_PER_EPOCH} steps [" in err and "loss " in err
+
+
+class PausedBatches:
+    """A training loader whose every batch takes `pause()` inside `next()`: a run the data
+    stream holds back."""
+
+    def __init__(self, loader, pause):
+        self.loader, self.pause = loader, pause
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.pause()
+            yield batch
+
+
+def _data_bound(monkeypatch, pause, step):
+    """Makes fit's training batches wait in `pause()` and its training step only call `step()`."""
+    make_stream = DataStream.__init__
+
+    def paused_stream(self, config, data):
+        make_stream(self, config, data)
+        self.train_batches.source = PausedBatches(self.train_batches.source, pause)
+
+    monkeypatch.setattr(DataStream, "__init__", paused_stream)
+    monkeypatch.setattr(Trainer, "train_step", lambda self, x, y, m, meter: step())
+
+
+def test_a_run_that_waits_for_its_data_reports_a_data_wait_near_1(store_path, monkeypatch):
+    """The figure that tells a user the loader is the bottleneck: a stream that sleeps in
+    `next()` while the step does nothing. 12 batches of 0.1 s: the figure falls to 0.8 only if
+    the rest of the epoch takes 0.3 s, where it takes milliseconds (no tight timing)."""
+    _data_bound(monkeypatch, pause=lambda: time.sleep(0.1), step=lambda: None)
+    result = fit(store_path, epochs=1, **FAST)
+    assert result.history[-1]["data_wait_fraction"] > 0.8
+
+
+class StoppedClock:
+    """`time.perf_counter` that only moves when told (`advance`)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
+def test_data_wait_fraction_is_the_time_waited_for_batches_over_the_epochs_time(store_path, monkeypatch):
+    """With a stubbed clock, each batch waits 0.75 s in `next()` and each step takes 0.25 s,
+    nothing else takes time: the figure is exactly the wait over the epoch's seconds, epoch after
+    epoch (dyadic numbers, so the sums are exact)."""
+    clock = StoppedClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    steps = []
+
+    def step():
+        clock.advance(0.25)
+        steps.append(clock.now)
+
+    _data_bound(monkeypatch, pause=lambda: clock.advance(0.75), step=step)
+    result = fit(store_path, epochs=2, batch_size=32, device="cpu", threads=1, progress=False)
+    batches = math.ceil(180 / 32)
+    assert len(steps) == 2 * batches
+    for metrics in result.history:
+        assert metrics["seconds"] == batches * (0.75 + 0.25)
+        assert metrics["data_wait_fraction"] == batches * 0.75 / metrics["seconds"] == 0.75
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
