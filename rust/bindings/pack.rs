@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 
 use super::to_py;
 use crate::pack::{
-    jpeg_simd, max_workers, workers_out_of_range, Decoder, ResizeMode, ResizeSpec, ALPHA_BACKGROUND,
-    DECODE_MEMORY_BUDGET, MAX_DECODE_ALLOC, MAX_PIXELS,
+    jpeg_simd, max_workers, workers_out_of_range, Decoder, ResizeMode, ResizeSpec,
+    ALPHA_BACKGROUND, DECODE_MEMORY_BUDGET, MAX_DECODE_ALLOC, MAX_PIXELS,
 };
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
