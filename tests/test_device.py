@@ -452,6 +452,7 @@ def test_the_bench_measures_to_device_through_device_loader(store_path, monkeypa
         ({"timing": "yes"}, TypeError, "timing must be True or False"),
         ({"channels_last": 1}, TypeError, "channels_last must be True or False"),
         ({"dtype": torch.int64}, TypeError, "dtype must be a floating-point"),
+        ({"dtype": "float64x"}, TypeError, "not 'float64x'$"),
         ({"mean": [0.5, math.nan, 0.5]}, ValueError, "mean must be finite"),
         ({"std": math.inf}, ValueError, "std must be finite"),
         ({"std": [0.2, 0.0, 0.2]}, ValueError, "std must not be zero"),

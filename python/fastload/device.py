@@ -64,11 +64,12 @@ class Conversion:
     (every number finite, the normalized values within `dtype`'s range) and applied per batch."""
 
     def __init__(self, dtype, mean, std, channels_last: bool, augment: Optional[Augment]):
+        given = dtype
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(
-                f"dtype must be a floating-point torch dtype such as torch.float32, not {dtype!r}"
+                f"dtype must be a floating-point torch dtype such as torch.float32, not {given!r}"
             )
         if not isinstance(channels_last, bool):
             raise TypeError(f"channels_last must be True or False, not {channels_last!r}")
