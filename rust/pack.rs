@@ -1069,16 +1069,29 @@ mod tests {
         let largest = full_decode_footprint(&one, files[23].1.len(), &spec);
         // Room for two of the larger images at a time, with four threads wanting more.
         let budget = 2 * largest + 1000;
-        let decoder = Decoder::with_memory_budget(spec, Some(4), budget).unwrap();
         let mut out = vec![0u8; paths.len() * spec.image_len()];
-        let outcomes = decoder
-            .decode_into(&paths, &mut out, || false)
-            .unwrap()
-            .unwrap();
-        assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
-        let peak = decoder.peak_reserved();
-        assert!(peak <= budget, "peak {peak} over the budget {budget}");
-        assert!(peak > largest, "the decodes never overlapped: peak {peak}");
+        // Whether two decodes overlap is up to the scheduler (on a loaded 2-core machine one
+        // pass can run them one by one): every pass must stay within the budget, and some pass
+        // must overlap.
+        let mut highest = 0;
+        for _ in 0..50 {
+            let decoder = Decoder::with_memory_budget(spec, Some(4), budget).unwrap();
+            let outcomes = decoder
+                .decode_into(&paths, &mut out, || false)
+                .unwrap()
+                .unwrap();
+            assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
+            let peak = decoder.peak_reserved();
+            assert!(peak <= budget, "peak {peak} over the budget {budget}");
+            highest = highest.max(peak);
+            if highest > largest {
+                break;
+            }
+        }
+        assert!(
+            highest > largest,
+            "the decodes never overlapped in 50 passes: peak {highest}"
+        );
         // An image over the whole budget still decodes, alone.
         let tiny = Decoder::with_memory_budget(spec, Some(4), 10).unwrap();
         let outcomes = tiny
