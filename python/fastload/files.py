@@ -272,11 +272,6 @@ def previous_path(path: str) -> str:
     return path + PREVIOUS_SUFFIX
 
 
-def write_atomically(path: PathLike, writer: Writer, what: str = "output") -> None:
-    """The output rule's atomic replace of ``path`` by what ``writer`` writes."""
-    write_together([(os.fspath(path), writer)], what)
-
-
 def write_together(files: Sequence[Tuple[str, Writer]], what: str) -> None:
     """Writes several files as one change: every new file is written (into its temporary file)
     before any is renamed, so an error (a full disk) leaves all the previous files and removes

@@ -58,7 +58,6 @@ import copy
 import inspect
 import math
 import numbers
-import os
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastload.files import write_atomically
+from fastload.files import replace_atomically
 from fastload.monotonic.layers import (
     _CURVATURES,
     CategoricalCalibrator,
@@ -771,7 +770,8 @@ class _LatticeEstimator(BaseEstimator):
             "seed": self.seed_,
             "state": self.model_.state_dict(),
         }
-        write_atomically(os.fspath(path), lambda f: torch.save(contents, f), "model file")
+        with replace_atomically(path, "model file") as f:
+            torch.save(contents, f)
 
     @classmethod
     def load(cls, path: Union[str, Path], features: Optional[Dict[Union[str, int], Any]] = None):
