@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
-"""Checks that data flows one way through the fastload package: no import cycle among its
-modules and no module importing `fastload.cli` (the command line sits on top of everything).
+"""Checks that data flows one way through the fastload package, as docs/ARCHITECTURE.md draws
+it: every module sits in one of the LAYERS below and imports only from its own layer or lower
+ones, no import cycle joins modules, nothing imports `fastload.cli` (the command line sits on
+top of everything), and no module imports another module's private name (one with a leading
+underscore: a helper two modules share belongs, public, in `fastload._checks`). Private
+modules themselves (`_core`, `_checks`) are the package's lowest layer and may be imported.
 
 Reads every module under python/fastload with `ast` (nothing is imported, so this runs without
 the Rust extension or torch). Every import statement counts, those inside functions included:
@@ -23,6 +27,26 @@ ROOT = Path(__file__).resolve().parent.parent / "python"
 PACKAGE = "fastload"
 TOP = f"{PACKAGE}.cli"
 
+#: From the lowest layer to the highest; a name ending in ".*" covers a package and every
+#: module in it. A module imports only modules of its own layer or of lower ones.
+LAYERS = [
+    (
+        "foundation",
+        [
+            "fastload._core",
+            "fastload.errors",
+            "fastload._checks",
+            "fastload.options",
+            "fastload.progress",
+            "fastload.files",
+        ],
+    ),
+    ("store", ["fastload.store", "fastload.inspect"]),
+    ("pipeline", ["fastload.dataset.*", "fastload.device", "fastload.augment", "fastload.pack.*"]),
+    ("applications", ["fastload.train.*", "fastload.monotonic.*", "fastload.bench.*", "fastload.demo"]),
+    ("interface", ["fastload", "fastload.cli.*", "fastload.__main__"]),
+]
+
 
 def module_names(root: Path) -> Dict[str, Path]:
     """Every module of the package: dotted name -> file (a package's name is its __init__'s)."""
@@ -36,6 +60,44 @@ def module_names(root: Path) -> Dict[str, Path]:
             parts.pop()
         names[".".join(parts)] = path
     return names
+
+
+def layer_of(module: str) -> Optional[int]:
+    """The index in LAYERS of the layer holding ``module``, or None when none does."""
+    for index, (_, names) in enumerate(LAYERS):
+        for pattern in names:
+            base = pattern[:-2] if pattern.endswith(".*") else pattern
+            if module == base or (pattern.endswith(".*") and module.startswith(base + ".")):
+                return index
+    return None
+
+
+def private_imports(name: str, path: Path, modules: Dict[str, Path]) -> List[str]:
+    """The private names (a leading underscore, not a dunder, not a module) that module
+    ``name`` imports from another module of the package."""
+    if path.suffix != ".py":
+        return []
+    found = []
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        source = resolve(node, package)
+        if not (source == PACKAGE or source.startswith(PACKAGE + ".")):
+            continue
+        for alias in node.names:
+            private = alias.name.startswith("_") and not alias.name.startswith("__")
+            if private and f"{source}.{alias.name}" not in modules:
+                found.append(f"{name} imports the private name {alias.name} from {source}")
+    return found
+
+
+def resolve(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module an ImportFrom reads from (relative imports resolved)."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
 
 
 def imports_of(name: str, path: Path, modules: Dict[str, Path]) -> Set[str]:
@@ -56,11 +118,7 @@ def imports_of(name: str, path: Path, modules: Dict[str, Path]) -> Set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
+            source = resolve(node, package)
             # `from a import b`: the submodule a.b if there is one, else module a itself.
             targets = [
                 f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names
@@ -110,6 +168,21 @@ def problems(root: Path = ROOT) -> List[str]:
         for name, deps in sorted(graph.items())
         if TOP in deps and name != f"{PACKAGE}.__main__"
     ]
+    for name, deps in sorted(graph.items()):
+        layer = layer_of(name)
+        if layer is None:
+            found.append(
+                f"{name} is in no layer of .ci/check_imports.py's LAYERS (place it there and in docs/ARCHITECTURE.md)"
+            )
+            continue
+        for dep in sorted(deps):
+            dep_layer = layer_of(dep)
+            if dep_layer is not None and dep_layer > layer:
+                found.append(
+                    f"{name} ({LAYERS[layer][0]}) imports {dep} ({LAYERS[dep_layer][0]}), a higher layer"
+                )
+    for name, path in sorted(modules.items()):
+        found.extend(private_imports(name, path, modules))
     cycle = find_cycle(graph)
     if cycle:
         found.append("import cycle: " + " -> ".join(cycle))
@@ -122,7 +195,9 @@ def main(argv: List[str]) -> int:
     for problem in found:
         print(problem, file=sys.stderr)
     if not found:
-        print(f"imports of {root / PACKAGE}: no cycle, nothing imports {TOP}")
+        print(
+            f"imports of {root / PACKAGE}: layers in order, no cycle, no private name shared, nothing imports {TOP}"
+        )
     return 1 if found else 0
 
 

@@ -172,6 +172,17 @@ impl Store {
         s.offset as usize..(s.offset + s.length) as usize
     }
 
+    /// Byte range of the header page (its own checksum included) within the mapping.
+    pub fn header_range(&self) -> std::ops::Range<usize> {
+        0..crate::format::HEADER_SIZE
+    }
+
+    /// Byte range of the record checksum section within the mapping.
+    pub fn checksums_range(&self) -> std::ops::Range<usize> {
+        let s = self.header.checksums;
+        s.offset as usize..(s.offset + s.length) as usize
+    }
+
     /// Byte range of the label section within the mapping.
     pub fn labels_range(&self) -> std::ops::Range<usize> {
         let s = self.header.labels;

@@ -423,8 +423,14 @@ ROWS = [
     (
         "dataset.load_state_dict({})",
         lambda f: FastLoadDataset(f.store, 2).load_state_dict({}),
-        KeyError,
-        "missing",
+        ValueError,
+        "the dataset state is missing ['epoch', 'position', 'seed']",
+    ),
+    (
+        "dataset.load_state_dict(None)",
+        lambda f: FastLoadDataset(f.store, 2).load_state_dict(None),
+        TypeError,
+        "state must be a dict from state_dict(), not NoneType",
     ),
     (
         "dataset.load_state_dict(position beyond the epoch)",

@@ -461,7 +461,7 @@ def test_stateful_dataloader_resumes_exactly(store_path, workers, persistent, st
 
 def test_state_dict_rejects_bad_states(store_path):
     ds = FastLoadDataset(store_path, 4)
-    with pytest.raises(KeyError, match="position"):
+    with pytest.raises(ValueError, match="missing.*position"):
         ds.load_state_dict({"seed": 0, "epoch": 1})
     with pytest.raises(ValueError, match="beyond"):
         ds.load_state_dict({"seed": 0, "epoch": 1, "position": len(ds) + 1})

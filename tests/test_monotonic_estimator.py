@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_checkpoints import disk_full_at
 from test_monotonic import _exact_columns, _one_thread, _randomize  # noqa: F401 (an autouse fixture)
 
+import fastload
 from fastload.monotonic import Lattice, LatticeClassifier, LatticeRegressor, plot_calibrators
 
 pytest.importorskip("sklearn")
@@ -489,7 +490,7 @@ def test_plot_calibrators_names_matplotlib_when_it_is_missing(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
-    with pytest.raises(ImportError, match="plot_calibrators needs matplotlib"):
+    with pytest.raises(fastload.MissingDependencyError, match="plot_calibrators needs matplotlib"):
         plot_calibrators(model, tmp_path / "x.png")
 
 

@@ -19,8 +19,8 @@ from PIL import Image, ImageOps
 
 import fastload
 import fastload.inspect
+from fastload import BadFilesError
 from fastload.cli import main as cli_main
-from fastload.pack import BadFilesError
 
 SIZE = 32
 

@@ -394,3 +394,20 @@ def test_info_and_memory_plan(store_path):
     plan = fastload.inspect.memory_plan(250_000, (384, 384, 3), ram_bytes=192 * 10**9)
     assert plan["uint8_bytes"] == 110_594_000_000
     assert plan["fit_in_ram_float32"] == 192 * 10**9 // (384 * 384 * 12 + 8)
+
+
+def test_fingerprint_is_the_records_not_the_file(tmp_path):
+    images = random_images(6, (4, 4, 3))
+    labels = np.arange(6, dtype=np.float64)
+    write_store(tmp_path / "a.bin", images, labels)
+    (tmp_path / "copy.bin").write_bytes((tmp_path / "a.bin").read_bytes())
+    write_store(tmp_path / "relabelled.bin", images, labels + 1)
+    changed = images.copy()
+    changed[5, 0, 0, 0] ^= 1
+    write_store(tmp_path / "one-pixel.bin", changed, labels)
+    with Store(tmp_path / "a.bin") as a, Store(tmp_path / "copy.bin") as copy:
+        assert a.fingerprint() == copy.fingerprint()
+        assert len(a.fingerprint()) == 64
+        for other in ("relabelled.bin", "one-pixel.bin"):
+            with Store(tmp_path / other) as different:
+                assert different.fingerprint() != a.fingerprint(), other

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
 import pytest
 import torch
 
+import fastload
 from fastload import cli
 from fastload.monotonic import MonotonicRegressor, check_monotone
 from fastload.store import Store, StoreWriter
@@ -274,11 +276,10 @@ def test_resume_with_different_options_is_refused(store_path, tmp_path):
         fit(store_path, resume=ckpt, **{**FAST, "batch_size": 8})
 
 
-@pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torchvision") is not None, reason="torchvision is installed"
-)
-def test_resnet18_without_torchvision_says_how_to_get_it(store_path):
-    with pytest.raises(ValueError, match="pip install torchvision"):
+def test_resnet18_without_torchvision_says_how_to_get_it(store_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    monkeypatch.setitem(sys.modules, "torchvision.models", None)
+    with pytest.raises(fastload.MissingDependencyError, match="needs torchvision.*pip install torchvision"):
         fit(store_path, backbone="resnet18", **FAST)
 
 

@@ -3,20 +3,18 @@
 Pack a folder of images once into a uint8 store, memory-map it, and feed training
 loops with batches gathered by Rust threads at memory bandwidth.
 
-Errors follow one rule, and every message names the file or the argument concerned:
-
-- a problem with a file (missing, unreadable, not a store, damaged, changed while open)
-  is `StoreError`; an existing destination is `FileExistsError`;
-- a wrong argument is `ValueError` or `TypeError` (an index out of range `IndexError`),
-  and so is using a store, writer or prefetcher after it was closed, committed or
-  discarded, as with Python's own files;
-- an allocation too large for the machine is `MemoryError`.
-
-The `fastload` command turns each of them into a message and exit status 1 (2 for a bad
-command line).
+Errors follow one rule, written in `fastload.errors`; every message names the file or the
+argument concerned, and every exception fastload defines derives from `FastloadError`.
 """
 
-from fastload._core import StoreError, __version__
+from fastload._core import __version__
+from fastload.errors import (
+    BadFilesError,
+    Diverged,
+    FastloadError,
+    MissingDependencyError,
+    StoreError,
+)
 from fastload.inspect import build_info
 from fastload.pack import PackReport, pack
 from fastload.store import Store, StoreWriter
@@ -37,13 +35,22 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(f"fastload.{_TORCH_EXPORTS[name]}"), name)
+    if name == "NotFittedError":  # made on first use: it derives from scikit-learn's
+        from fastload import errors
+
+        return errors.NotFittedError
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 
 __all__ = [
     "Store",
     "StoreWriter",
+    "FastloadError",
     "StoreError",
+    "BadFilesError",
+    "Diverged",
+    "MissingDependencyError",
+    "NotFittedError",
     "pack",
     "PackReport",
     "__version__",

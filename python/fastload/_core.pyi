@@ -11,6 +11,7 @@ _Path = Union[str, os.PathLike[str]]
 
 __all__ = [
     "FORMAT_VERSION",
+    "FastloadError",
     "MAX_META_DEPTH",
     "MAX_META_LEN",
     "MAX_META_VALUES",
@@ -47,7 +48,10 @@ PACK_ALPHA_BACKGROUND: bytes  # RGB
 PACK_DECODE_MEMORY_BUDGET: int  # bytes all decode threads of one pack hold at once
 PACK_MAX_WORKERS: int  # 4 x this machine's cores
 
-class StoreError(Exception):
+class FastloadError(Exception):
+    """The base of fastload's own errors."""
+
+class StoreError(FastloadError):
     """A store file is missing, unreadable, damaged, or not a fastload store."""
 
 def num_threads() -> int: ...
@@ -106,6 +110,10 @@ class Store:
         """Read-only 1-D uint8 array over the images section."""
     def label_bytes(self) -> np.ndarray:
         """Read-only 1-D uint8 array over the labels section."""
+    def header_bytes(self) -> np.ndarray:
+        """Read-only 1-D uint8 array over the header page, its checksum included."""
+    def checksum_bytes(self) -> np.ndarray:
+        """Read-only 1-D uint8 array over the record checksums section."""
     def resolve(self, index: int) -> int: ...
     def gather(
         self,

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from fastload import _core
+from fastload._checks import fspath
 
 # One fixed slot per random number, so enabling one op never changes another's draws.
 _CROP_ATTEMPTS = 10  # as torchvision's RandomResizedCrop: the first crop that fits wins
@@ -573,13 +574,11 @@ def save_preview(
     would augment it. Written atomically; returns the PNG's (width, height). Needs Pillow."""
     import numpy as np
 
+    from fastload._checks import import_optional
     from fastload.files import output_target, replace_atomically
-    from fastload.store import Store, _fspath
+    from fastload.store import Store
 
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError("the preview needs Pillow: pip install pillow") from None
+    Image = import_optional("PIL.Image", "the augmentation preview", "pip install pillow")
     for name, value, least in (
         ("records", records, 1),
         ("epochs", epochs, 1),
@@ -592,7 +591,7 @@ def save_preview(
             f"need records and epochs between 1 and {MAX_PREVIEW_SIDE} (the grid's rows and columns), "
             f"not {records} and {epochs}"
         )
-    path = _fspath(path, "preview path")
+    path = fspath(path, "preview path")
     output_target(path, "preview")  # refused before any work; checked again when replaced
     owned = not isinstance(store, Store)
     store = Store(store) if owned else store

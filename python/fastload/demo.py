@@ -186,9 +186,9 @@ def run(
     """Runs the demo and returns its report; ``report["passed"]`` says whether the model beat
     the baseline clearly and kept its monotonicity guarantee. Works in a temporary directory
     removed at the end, or in ``workdir`` (kept)."""
-    import fastload
     from fastload.files import replace_atomically
     from fastload.monotonic import check_monotone
+    from fastload.pack import pack
     from fastload.store import Store
     from fastload.train import epoch_logger, fit, option_problem, prepare_images, resolve_device
 
@@ -231,7 +231,7 @@ def run(
         )
 
         store_path = root / "demo.fastload"
-        packed = fastload.pack(
+        packed = pack(
             folder,
             store_path,
             size=size,

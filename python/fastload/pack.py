@@ -28,10 +28,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
+from fastload._checks import fspath
+from fastload.errors import BadFilesError
 from fastload.files import output_target, read_regular_file
 from fastload.options import MAX_LABELS_CSV_BYTES, RESIZE_MODES
 from fastload.progress import Progress
-from fastload.store import LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter, _fspath, shared_class_names
+from fastload.store import LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter, shared_class_names
 
 #: Extensions taken for images when a file has no label (other unlabelled files are not images).
 IMAGE_EXTENSIONS = frozenset(
@@ -51,14 +53,6 @@ LINK_OUTSIDE_SRC = "symbolic link to outside SRC (pass follow_symlinks=True / --
 #: Characters never printed raw: C0 and C1 controls, DEL, line and paragraph separators,
 #: and the bidirectional overrides that reorder what a terminal shows.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-class BadFilesError(ValueError):
-    """`strict` packing found files that cannot become records; `files` lists (file, reason)."""
-
-    def __init__(self, message: str, files: List[Tuple[str, str]]):
-        super().__init__(message)
-        self.files = files
 
 
 @dataclass
@@ -261,7 +255,7 @@ def _is_number(text: str) -> bool:
         return False
 
 
-def _is_int(text: str) -> bool:
+def _is_integer_text(text: str) -> bool:
     try:
         int(text.strip())
         return True
@@ -313,7 +307,7 @@ def _read_label_csv(
             raise ValueError(f"{csv_path}: class names that read as one name: {'; '.join(shared)}")
         label_dtype = "int64"
     elif label_dtype is None:
-        label_dtype = "int64" if all(len(r) == 2 and _is_int(r[1]) for _, r in rows) else "float64"
+        label_dtype = "int64" if all(len(r) == 2 and _is_integer_text(r[1]) for _, r in rows) else "float64"
     index = {name: i for i, name in enumerate(class_names or [])}
     labels: Dict[str, Union[int, float]] = {}
     first_line: Dict[str, int] = {}
@@ -584,9 +578,9 @@ def pack(
     labels, DEST exists) and 2 on usage errors.
     """
     started = time.perf_counter()
-    src = Path(_fspath(src, "src"))
-    dest = Path(_fspath(dest, "dest"))
-    if labels is not None and not _fspath(labels, "labels"):
+    src = Path(fspath(src, "src"))
+    dest = Path(fspath(dest, "dest"))
+    if labels is not None and not fspath(labels, "labels"):
         raise ValueError("labels is an empty path; give the labels CSV file")
     csv_path = None if labels is None else Path(labels)
     height, width = _as_size(size)

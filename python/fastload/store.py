@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
-import os
 import unicodedata
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -14,9 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
+from fastload._checks import PathLike, fspath, is_int
 from fastload._core import StoreError, __version__
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 LABEL_DTYPES = ("float64", "int64")
 #: `meta["labels"]` of a store packed without labels: every label is a placeholder (0, or NaN for float64).
@@ -33,12 +32,6 @@ class DamagedRecords(list):
     def __init__(self, records, total: int):
         super().__init__(records)
         self.total = total
-
-
-def _fspath(path: Any, what: str = "path") -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a str or os.PathLike, not {type(path).__name__}")
-    return os.fspath(path)
 
 
 def _is_tensor(obj: Any) -> bool:
@@ -70,16 +63,12 @@ def _as_writable_array(buf: Any, name: str, dtype: np.dtype, shape: Tuple[int, .
     return arr
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def as_indices(indices: Any) -> np.ndarray:
     """Converts a sequence of integers to a contiguous int64 array; rejects floats and booleans."""
     arr = np.asarray(indices)
     if arr.size == 0:
         arr = arr.astype(np.int64)
-    if arr.dtype == object and arr.ndim == 1 and all(_is_int(i) for i in arr.tolist()):
+    if arr.dtype == object and arr.ndim == 1 and all(is_int(i) for i in arr.tolist()):
         raise IndexError(f"index {max(arr.tolist(), key=abs)} is out of range (beyond 64 bits)")
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"indices must be integers, not {arr.dtype}")
@@ -100,7 +89,7 @@ class Store:
     """
 
     def __init__(self, path: PathLike):
-        self._core = _core.Store(_fspath(path))
+        self._core = _core.Store(fspath(path))
         self.path = Path(self._core.path)
         self.shape: Tuple[int, int, int] = tuple(self._core.shape)  # (H, W, C)
         self.label_dtype = np.dtype(self._core.label_dtype)
@@ -185,7 +174,7 @@ class Store:
 
     def __getitem__(self, index: int):
         """(image view H×W×C, label) of one record; negative indices count from the end."""
-        if not _is_int(index):
+        if not is_int(index):
             raise TypeError(f"store indices must be integers, not {type(index).__name__}")
         if not -INT64_MAX - 1 <= int(index) <= INT64_MAX:
             raise IndexError(f"index {index} is out of range for a store of {self._len} records")
@@ -232,7 +221,7 @@ class Store:
         one reused uint8 array `out` (a whole number of images), GIL released. The copy `gather`
         makes, in its ideal order and without indices or labels: what `fastload bench` measures
         as the machine's copy limit for a loader."""
-        if not (_is_int(first) and _is_int(count) and first >= 0 and count >= 0):
+        if not (is_int(first) and is_int(count) and first >= 0 and count >= 0):
             raise ValueError(f"first and count must be non-negative integers, not {first!r} and {count!r}")
         if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or not out.flags.c_contiguous:
             raise ValueError("out must be a C-contiguous uint8 NumPy array")
@@ -244,11 +233,19 @@ class Store:
         """Asks the kernel to start reading these records into the page cache."""
         self._core.will_need(as_indices(indices))
 
+    def fingerprint(self) -> str:
+        """SHA-256 of the header page (which ends with the header's own checksum) and of the
+        record checksums, read from this store's mapping: stores with the same fingerprint hold
+        the same records and labels (each record checksum covers its image and label)."""
+        digest = hashlib.sha256(self._core.header_bytes())
+        digest.update(self._core.checksum_bytes())
+        return digest.hexdigest()
+
     def verify(self, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecords:
         """Record numbers whose bytes no longer match their checksum (empty when intact):
         the first `limit` of them (None: all), with `.total` counting every one. Memory is
         bounded by `limit`, not by the store's size."""
-        if limit is not None and (not _is_int(limit) or limit < 0):
+        if limit is not None and (not is_int(limit) or limit < 0):
             raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
         # A limit above the record count lists them all (and 10**26 fits no machine word).
         first, total = self._core.verify(None if limit is None else min(int(limit), len(self)))
@@ -353,11 +350,11 @@ class StoreWriter:
         meta: Optional[dict] = None,
         overwrite: bool = False,
     ):
-        path = _fspath(path)
+        path = fspath(path)
         shape = tuple(shape)
         if len(shape) == 2:
             shape = (*shape, 1)
-        if len(shape) != 3 or not all(_is_int(s) for s in shape):
+        if len(shape) != 3 or not all(is_int(s) for s in shape):
             raise ValueError(f"shape must be (height, width, channels), not {shape!r}")
         if any(s <= 0 for s in shape) or any(s >= 2**32 for s in shape):
             raise ValueError(f"shape must have positive sides, not {shape!r}")

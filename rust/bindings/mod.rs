@@ -14,8 +14,15 @@ mod writer;
 
 create_exception!(
     _core,
-    StoreError,
+    FastloadError,
     PyException,
+    "The base of fastload's own errors: `except fastload.FastloadError` catches every one of them."
+);
+
+create_exception!(
+    _core,
+    StoreError,
+    FastloadError,
     "A store file is missing, unreadable, damaged, or not a fastload store; the message names the file and the failed check."
 );
 
@@ -34,9 +41,13 @@ pub(crate) fn to_py(err: Error) -> PyErr {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let store_error = m.py().get_type::<StoreError>();
-    store_error.setattr("__module__", "fastload")?;
-    m.add("StoreError", store_error)?;
+    for (name, error) in [
+        ("FastloadError", m.py().get_type::<FastloadError>()),
+        ("StoreError", m.py().get_type::<StoreError>()),
+    ] {
+        error.setattr("__module__", "fastload")?;
+        m.add(name, error)?;
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::VERSION)?;
     m.add("MAX_META_LEN", crate::format::MAX_META_LEN)?;

@@ -125,6 +125,16 @@ impl CoreStore {
         view(py, &s, s.labels_range())
     }
 
+    fn header_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let s = self.store()?;
+        view(py, &s, s.header_range())
+    }
+
+    fn checksum_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let s = self.store()?;
+        view(py, &s, s.checksums_range())
+    }
+
     /// Record number of a Python-style index; IndexError when out of range.
     fn resolve(&self, index: i64) -> PyResult<usize> {
         self.store()?.resolve(index).map_err(to_py)

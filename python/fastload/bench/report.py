@@ -10,6 +10,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from fastload._checks import import_optional
 from fastload.bench.measure import INSTALL_EXTRA
 from fastload.files import replace_atomically
 from fastload.progress import gigabytes
@@ -163,14 +164,9 @@ def verdict(rows: List[dict], plan: dict) -> str:
 
 
 def require_matplotlib():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError(f"--plot needs matplotlib: {INSTALL_EXTRA}") from None
-    return plt
+    """matplotlib's pyplot, drawing off screen (Agg)."""
+    import_optional("matplotlib", "--plot", INSTALL_EXTRA).use("Agg")
+    return import_optional("matplotlib.pyplot", "--plot", INSTALL_EXTRA)
 
 
 KIND_COLOURS = {"limit": "#9e9e9e", "fastload": "#2e7d32", "baseline": "#ef6c00"}

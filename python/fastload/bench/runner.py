@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import numpy as np
 import torch
 
+from fastload._checks import fspath
 from fastload.bench.baselines import (
     bench_dataloader,
     bench_jpeg,
@@ -43,7 +44,7 @@ from fastload.bench.stages import (
 from fastload.files import output_target, replace_atomically
 from fastload.inspect import machine_memory, memory_plan
 from fastload.progress import Progress
-from fastload.store import PathLike, Store, StoreWriter, _fspath
+from fastload.store import PathLike, Store, StoreWriter
 
 NOISY_SPREAD_PCT = 20.0
 SYNTHETIC_SHAPE = (224, 224, 3)
@@ -132,14 +133,14 @@ def run(
     if images is not None and (images < 1 or size < 1):
         raise ValueError(f"images and size must be positive, not {images} and {size}")
     for output, what in ((json_path, "JSON report"), (plot_path, "plot")):
-        if output is not None and not Path(_fspath(output, "output path")).parent.is_dir():
+        if output is not None and not Path(fspath(output, "output path")).parent.is_dir():
             raise ValueError(f"{output}: its directory does not exist (checked before the run, not after it)")
         if output is not None:
             output_target(output, what)  # the output rule, before the run (and again when written)
     if plot_path is not None:
         require_matplotlib()
     if store is not None:
-        store = _fspath(store, "store")
+        store = fspath(store, "store")
         Store(store).close()  # a bad path fails here, before any stage runs
 
     plan = Plan.for_run(quick)

@@ -11,10 +11,11 @@ from typing import Any, Iterator, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from fastload._checks import fspath
 from fastload.dataset.buffers import BufferPool
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
 from fastload.dataset.prefetch import Pass
-from fastload.store import PathLike, Store, StoreError, _fspath, as_indices
+from fastload.store import PathLike, Store, StoreError, as_indices
 
 # Slots of the control block shared with DataLoader workers (see `_claim_epoch`).
 _NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = range(5)
@@ -90,7 +91,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             self._store: Optional[Store] = store
             self.path = str(store.path)
         else:
-            self.path = _fspath(store, "store")
+            self.path = fspath(store, "store")
             self._store = Store(self.path)
         self._identity = self._store.identity
         self._store_pid = os.getpid()
@@ -225,9 +226,11 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Makes the next iteration continue epoch `state["epoch"]` after `position` batches."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(), not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
-            raise KeyError(f"state is missing {sorted(missing)}")
+            raise ValueError(f"the dataset state is missing {sorted(missing)}")
         position = positive_int(state["position"], "position", minimum=0)
         if position > len(self):
             raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")

@@ -7,7 +7,8 @@ from typing import Any, Tuple, Union
 
 import numpy as np
 
-from fastload.store import PathLike, Store, _fspath
+from fastload._checks import fspath
+from fastload.store import PathLike, Store
 
 ORDERS = ("random", "sequential", "block")
 
@@ -35,7 +36,7 @@ def split_indices(n_or_store: Union[int, Store, PathLike], val_fraction: float, 
     elif isinstance(n_or_store, Store):
         n = len(n_or_store)
     else:
-        with Store(_fspath(n_or_store, "n_or_store")) as store:
+        with Store(fspath(n_or_store, "n_or_store")) as store:
             n = len(store)
     if not 0.0 <= float(val_fraction) <= 1.0:
         raise ValueError(f"val_fraction must be between 0 and 1, not {val_fraction!r}")

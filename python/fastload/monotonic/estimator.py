@@ -68,28 +68,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastload.errors import NotFittedError
 from fastload.files import replace_atomically
 from fastload.monotonic.layers import (
-    _CURVATURES,
+    CURVATURES,
     CategoricalCalibrator,
     Lattice,
     LatticeEnsemble,
     MonotoneLinear,
     PWLCalibrator,
-    _as_direction,
-    _check_declared_buffer,
+    as_direction,
+    check_declared_buffer,
     check_finite_parameters,
     check_monotone,
 )
 
 try:  # optional: with scikit-learn the estimators are its estimators (clone, tags, pipelines)
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
-    from sklearn.exceptions import DataConversionWarning, NotFittedError
+    from sklearn.exceptions import DataConversionWarning
 except ImportError:  # the same methods without it
-
-    class NotFittedError(ValueError, AttributeError):  # type: ignore[no-redef]
-        """Raised by predict and friends before fit (a ValueError and an AttributeError, as in
-        scikit-learn)."""
 
     class DataConversionWarning(UserWarning):  # type: ignore[no-redef]
         """A target was reshaped to what the estimator needs."""
@@ -189,8 +186,8 @@ def _parse_spec(name: str, spec: Any, categorical_column: bool) -> _Feature:
         fields = dict(spec)
     else:
         raise ValueError(f"feature {name!r}: a spec is a word, None or a dict, got {spec!r}")
-    monotonicity = _as_direction(fields.get("monotonicity"))
-    convexity = _as_direction(fields.get("convexity"), _CURVATURES)
+    monotonicity = as_direction(fields.get("monotonicity"))
+    convexity = as_direction(fields.get("convexity"), CURVATURES)
     if monotonicity not in (-1, 0, 1):
         raise ValueError(
             f"feature {name!r}: monotonicity must be 'increasing', 'decreasing' or None, got {monotonicity!r}"
@@ -363,7 +360,7 @@ class _TableModel(nn.Module):
         return torch.stack([lattice(calibrated) for lattice in self.lattices], 1)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        _check_declared_buffer(
+        check_declared_buffer(
             self,
             state_dict,
             prefix,

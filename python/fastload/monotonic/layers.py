@@ -183,19 +183,19 @@ def _isotonic(values: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 _DIRECTIONS = {"increasing": 1, "decreasing": -1, "none": 0, None: 0}
-_CURVATURES = {"convex": 1, "concave": -1, "none": 0, None: 0}
+CURVATURES = {"convex": 1, "concave": -1, "none": 0, None: 0}
 
 
-def _as_direction(value, words=_DIRECTIONS):
+def as_direction(value, words=_DIRECTIONS):
     """-1, 0 or 1 from the number itself or its name ("increasing", "decreasing", None; "convex",
-    "concave" for ``words=_CURVATURES``), else ``value`` unchanged for the caller's error."""
+    "concave" for ``words=CURVATURES``), else ``value`` unchanged for the caller's error."""
     if isinstance(value, str) or value is None:
         return words.get(value.lower() if isinstance(value, str) else value, value)
     return int(value) if isinstance(value, (int, float)) and int(value) == value else value
 
 
 def _check_monotonicities(values, allowed: Tuple[int, ...], length: int, name: str) -> List[int]:
-    values = [_as_direction(m) for m in values]
+    values = [as_direction(m) for m in values]
     if len(values) != length:
         raise ValueError(f"{name} has {len(values)} entries, expected {length}")
     bad = [m for m in values if m not in allowed]
@@ -217,7 +217,7 @@ def _cell_index(cell: torch.Tensor) -> torch.Tensor:
     return cell.nan_to_num(0.0).long()
 
 
-def _check_declared_buffer(module: nn.Module, state_dict: dict, prefix: str, name: str, what: str) -> None:
+def check_declared_buffer(module: nn.Module, state_dict: dict, prefix: str, name: str, what: str) -> None:
     """Refuses a state whose constraint buffer ``name`` differs from the module's own: a loaded
     state must not silently replace the monotonicity the module was declared with."""
     loaded, own = state_dict.get(prefix + name), getattr(module, name)
@@ -344,7 +344,7 @@ class PWLCalibrator(nn.Module):
             raise ValueError(f"num_keypoints must be >= 2, got {num_keypoints}")
         if not float(input_min) < float(input_max):
             raise ValueError(f"input_min ({input_min}) must be < input_max ({input_max})")
-        monotonicity, convexity = _as_direction(monotonicity), _as_direction(convexity, _CURVATURES)
+        monotonicity, convexity = as_direction(monotonicity), as_direction(convexity, CURVATURES)
         if monotonicity not in (-1, 0, 1):
             raise ValueError(f"monotonicity must be -1, 0 or 1, got {monotonicity!r}")
         if convexity not in (-1, 0, 1):
@@ -488,7 +488,7 @@ class CategoricalCalibrator(nn.Module):
         super().__init__()
         if int(num_categories) < 1:
             raise ValueError(f"num_categories must be >= 1, got {num_categories}")
-        monotonicity = _as_direction(monotonicity)
+        monotonicity = as_direction(monotonicity)
         if monotonicity not in (-1, 0, 1):
             raise ValueError(f"monotonicity must be -1, 0 or 1, got {monotonicity!r}")
         _check_bounds(output_min, output_max)
@@ -569,7 +569,7 @@ class MonotoneLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        _check_declared_buffer(self, state_dict, prefix, "signs", "monotonicities")
+        check_declared_buffer(self, state_dict, prefix, "signs", "monotonicities")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -869,11 +869,11 @@ class LatticeEnsemble(nn.Module):
                     )
                 self.bank.to(raw.device)
                 self.bank.raw = raw
-        _check_declared_buffer(self, state_dict, prefix, "input_index", "input subsets")
+        check_declared_buffer(self, state_dict, prefix, "input_index", "input subsets")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-class _SmallCNN(nn.Module):
+class SmallCNN(nn.Module):
     """Three stride-2 conv/BN/ReLU stages, global average pooling and a linear head. Pools with
     ``mean`` rather than AdaptiveAvgPool2d, whose CUDA backward is not deterministic."""
 
@@ -941,7 +941,7 @@ class MonotonicRegressor(nn.Module):
         sizes, count = self.lattice_layout(num_inputs, lattice_size, lattice_rank, num_lattices)
         check_lattice_size(sizes, count, "MonotonicRegressor")  # before any part is built
         self.num_features, self.num_monotone, self.lattice_size = num_features, monotone_inputs, lattice_size
-        self.backbone = backbone if backbone is not None else _SmallCNN(in_channels, num_features)
+        self.backbone = backbone if backbone is not None else SmallCNN(in_channels, num_features)
         self.input_calibrators = nn.ModuleList(
             PWLCalibrator(num_keypoints, low, high, 1, 0.0, lattice_size - 1.0) for low, high in ranges
         )

@@ -13,6 +13,7 @@ from typing import Union
 
 import torch
 
+from fastload._checks import import_optional
 from fastload.files import replace_atomically
 from fastload.monotonic.layers import CategoricalCalibrator
 
@@ -25,13 +26,12 @@ def plot_calibrators(model, path: Union[str, Path], columns: int = 3) -> Path:
     :class:`~fastload.monotonic.LatticeClassifier`: numeric features as the line through their
     keypoints (the quantiles of the training data), categorical ones as a bar per category, a
     dashed line for the learned output of missing values. Titles give each declaration. Returns
-    the path. Raises ImportError naming matplotlib when it is not installed. Written atomically
+    the path. Raises MissingDependencyError (an ImportError) naming matplotlib when it is not installed. Written atomically
     by the output rule (:mod:`fastload.files`)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise ImportError("plot_calibrators needs matplotlib: pip install matplotlib") from error
+    FigureCanvasAgg = import_optional(
+        "matplotlib.backends.backend_agg", "plot_calibrators", "pip install matplotlib"
+    ).FigureCanvasAgg
+    Figure = import_optional("matplotlib.figure", "plot_calibrators", "pip install matplotlib").Figure
     if not hasattr(model, "model_"):
         raise ValueError(
             f"plot_calibrators needs a fitted estimator, got {type(model).__name__} without model_"

@@ -19,17 +19,18 @@ from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
 
+from fastload._checks import fspath
+from fastload.errors import Diverged
 from fastload.files import read_regular_file
 from fastload.inspect import machine_memory
 from fastload.options import MAX_RUNS_FILE_BYTES
-from fastload.store import PathLike, Store, _fspath
-from fastload.train.checkpoint import load_checkpoint, load_group, store_fingerprint
+from fastload.store import PathLike, Store
+from fastload.train.checkpoint import load_checkpoint, load_group
 from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
 from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
 from fastload.train.trainer import (
-    Diverged,
     FitResult,
     Trainer,
     build_model,
@@ -193,7 +194,7 @@ def read_runs_file(path: PathLike) -> List[dict]:
     run). Like a labels CSV, it must be a regular file, of at most ``MAX_RUNS_FILE_BYTES``
     (``/dev/zero`` or a FIFO is refused, not read until memory runs out); JSON nested too deep
     for the parser is refused too, each with a ValueError naming the file."""
-    path = _fspath(path, "runs file")
+    path = fspath(path, "runs file")
     data = read_regular_file(path, MAX_RUNS_FILE_BYTES, "runs file")
     try:
         runs = json.loads(data.decode("utf-8"))
@@ -250,5 +251,4 @@ __all__ = [
     "read_runs_file",
     "resolve_device",
     "runs_table",
-    "store_fingerprint",
 ]

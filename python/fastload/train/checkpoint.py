@@ -6,24 +6,21 @@ resumed run draws what the stopped run would have."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import math
 import os
 import random
-import struct
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from fastload._checks import fspath
 from fastload.files import check_writable, previous_path, write_together
-from fastload.store import PathLike, Store, _fspath
+from fastload.store import PathLike
 from fastload.train.task import PATIENCE_FIGURES, REGRESSION
 
 CHECKPOINT_FORMAT = "fastload-train-checkpoint-1"
-HEADER_SIZE = 4096  # docs/FORMAT.md: the header page, ending with its own checksum
-CHECKSUM_SECTION_FIELD = 80  # docs/FORMAT.md: offset and length (u64 each) of the record checksums
 
 
 def check_checkpoint_path(path: str) -> None:
@@ -45,23 +42,6 @@ def save_group(checkpoints: Sequence[Tuple[str, Callable[[], dict]]]) -> None:
         write_together(
             [(path, lambda f, make=make: torch.save(make(), f)) for path, make in checkpoints], "checkpoint"
         )
-
-
-def store_fingerprint(store: Store) -> str:
-    """SHA-256 of a store's header page (which ends with the header's own checksum) and of its
-    record checksums: stores with the same fingerprint hold the same records and labels."""
-    with open(store.path, "rb") as f:
-        header = f.read(HEADER_SIZE)
-        offset, length = struct.unpack_from("<QQ", header, CHECKSUM_SECTION_FIELD)
-        digest = hashlib.sha256(header)
-        f.seek(offset)
-        while length > 0:
-            chunk = f.read(min(length, 1 << 20))
-            if not chunk:
-                break
-            digest.update(chunk)
-            length -= len(chunk)
-    return digest.hexdigest()
 
 
 def check_same_stores(resume: str, saved: dict, stores: dict) -> None:
@@ -92,7 +72,7 @@ def load_checkpoint(path: PathLike) -> dict:
     without a ``task`` (written before classification existed, when every run was a regression)
     gets ``"task": "regression"``, so it resumes as the run it was. What the checkpoint must
     match of the run resuming it (its model's parameters, its steps per epoch) the trainer checks."""
-    path = _fspath(path, "resume")
+    path = fspath(path, "resume")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from fastload.monotonic.layers import MonotonicRegressor, _SmallCNN
+from fastload.monotonic.layers import MonotonicRegressor, SmallCNN
 
 # Each logit's bounds. Logits start near 0 (every class equally likely); a gap of 16 between two
 # logits is a probability ratio of about 9e6, beyond what any label noise justifies.
@@ -44,7 +44,7 @@ class MonotonicClassifier(nn.Module):
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
         self.num_classes = num_classes
-        self.backbone = backbone if backbone is not None else _SmallCNN(in_channels, num_features)
+        self.backbone = backbone if backbone is not None else SmallCNN(in_channels, num_features)
         low, high = LOGIT_RANGE
         self.heads = nn.ModuleList(
             MonotonicRegressor(

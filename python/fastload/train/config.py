@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from fastload._checks import fspath, is_int
 from fastload.augment import Augment
 from fastload.inspect import machine_memory, usable_cores
 from fastload.monotonic.layers import MonotonicRegressor, check_lattice_size
 from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
-from fastload.store import PathLike, Store, _fspath, _is_int
+from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_checkpoint_path
 
 # Bounds on the options, so a slip (--threads 100000, --workers 500, --size 100000) is refused
@@ -125,7 +126,7 @@ class TrainConfig:
         Augment.from_spec(self.augment)  # a bad spec is refused before any data is read
         self.torch_device = resolve_device(self.device)
         if self.checkpoint is not None:
-            self.checkpoint = _fspath(self.checkpoint, "checkpoint")
+            self.checkpoint = fspath(self.checkpoint, "checkpoint")
             check_outputs({"checkpoint": self.checkpoint}, self.inputs())
             check_checkpoint_path(self.checkpoint)
         if self.progress is None:
@@ -177,7 +178,7 @@ def option_problem(name: str, value: Any) -> Optional[str]:
             return None if 0 <= value < math.inf else f"must be a finite number, at least 0, not {value}"
         return None if 0 < value <= MAX_LR else f"must be above 0 and at most {MAX_LR:g}, not {value}"
     low, high, why = _integer_bounds()[name]
-    if not _is_int(value):
+    if not is_int(value):
         return f"must be an integer, not {value!r}"
     if high is None:
         return None if value >= low else f"must be at least {low}, not {value}"
@@ -238,7 +239,7 @@ def check_outputs(outputs: dict, inputs: dict) -> None:
     for out_name, out in outputs.items():
         if out is None:
             continue
-        out = _fspath(out, out_name)
+        out = fspath(out, out_name)
         for name, path in paths.items():
             if same_file(out, path):
                 raise ValueError(

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastload._checks import fspath
 from fastload.augment import Augment
 from fastload.dataset import FastLoadDataset, split_indices
 from fastload.device import DeviceLoader, to_device
-from fastload.store import PathLike, Store, _fspath
-from fastload.train.checkpoint import check_same_stores, store_fingerprint
+from fastload.store import PathLike, Store
+from fastload.train.checkpoint import check_same_stores
 from fastload.train.config import TrainConfig, check_batch_memory
 from fastload.train.task import (
     CLASSIFICATION,
@@ -80,16 +81,16 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
             )
         check_batch_memory(config.batch_size, val_store)
     stores = {
-        "store": {"path": str(train_store.path), "fingerprint": store_fingerprint(train_store)},
+        "store": {"path": str(train_store.path), "fingerprint": train_store.fingerprint()},
         "validation store": None
         if val is None
-        else {"path": str(val_store.path), "fingerprint": store_fingerprint(val_store)},
+        else {"path": str(val_store.path), "fingerprint": val_store.fingerprint()},
     }
     labels = {"task": task}  # the labels' part of the statistics
     if task == CLASSIFICATION:
         labels["class_names"] = class_names(train_store, None if val is None else val_store)
     if saved is not None:
-        check_same_stores(_fspath(config.resume), saved, stores)
+        check_same_stores(fspath(config.resume), saved, stores)
     if val is not None:
         train_idx, val_idx = np.arange(len(train_store)), np.arange(len(val_store))
     else:
@@ -254,7 +255,7 @@ def load_monotone_inputs(source: Any, count: int, what: str = "monotone inputs")
     """Per-record scalar inputs, aligned with a store of ``count`` records, as float32 (N, K).
     ``source`` is a path to a ``.npy`` file or an array of shape (N,) or (N, K)."""
     if isinstance(source, (str, os.PathLike)):
-        what = _fspath(source)
+        what = fspath(source)
         try:
             arr = np.load(what, allow_pickle=False)
         except ValueError as exc:

@@ -9,8 +9,9 @@ import re
 import sys
 from typing import Optional, TextIO
 
+from fastload._checks import fspath
 from fastload.files import append_text
-from fastload.store import PathLike, _fspath
+from fastload.store import PathLike
 
 # Classes an epoch line shows their counts for (the JSON log has every class): all of them up to
 # this many, else this many of the least accurate.
@@ -134,7 +135,7 @@ def epoch_logger(
     log follows the output rule (:func:`fastload.files.append_text`): a device, FIFO or folder
     is refused, a symbolic link written through, and a failed write names the file."""
     if json_log is not None:
-        json_log = _fspath(json_log, "json_log")
+        json_log = fspath(json_log, "json_log")
         append_text(json_log, "", "JSON log")
 
     def log(metrics: dict) -> None:

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fastload._checks import import_optional
+from fastload.errors import Diverged
 from fastload.monotonic import MonotonicRegressor, check_finite_parameters
 from fastload.options import BACKBONES
 from fastload.progress import Progress
@@ -75,11 +77,6 @@ class FitResult:
     state_bytes: int = 0  # parameters, gradients and optimizer state the run holds
     task: str = REGRESSION  # or "classification": history has val_loss, val_accuracy, per-class counts
     baseline_accuracy: Optional[float] = None  # of always answering the commonest class (classification)
-
-
-class Diverged(ValueError):
-    """A model's parameters are no longer finite: its run stops (fit raises it; fit_many stops
-    only that run and reports it)."""
 
 
 @contextlib.contextmanager
@@ -677,14 +674,10 @@ def _make_backbone(backbone: Union[str, nn.Module, None], in_channels: int, num_
         raise ValueError(
             f"backbone must be one of {', '.join(BACKBONES)} or a torch module, not {backbone!r}"
         )
-    try:
-        from torchvision.models import resnet18
-    except ImportError:
-        raise ValueError(
-            "the resnet18 backbone needs torchvision, which is not installed "
-            "(pip install torchvision), or use --backbone small-cnn"
-        ) from None
-    net = resnet18(weights=None, num_classes=num_features)
+    models = import_optional(
+        "torchvision.models", "the resnet18 backbone (or use --backbone small-cnn)", "pip install torchvision"
+    )
+    net = models.resnet18(weights=None, num_classes=num_features)
     if in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
     return net

@@ -1,0 +1,38 @@
+"""Small argument checks and the optional-dependency import, shared by every module (one copy
+of each: a module that needs one imports it from here)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any, Union
+
+import numpy as np
+
+from fastload.errors import MissingDependencyError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def fspath(path: Any, what: str = "path") -> str:
+    """``path`` as a str; a TypeError naming ``what`` for anything but a str or os.PathLike."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, not {type(path).__name__}")
+    return os.fspath(path)
+
+
+def is_int(value: Any) -> bool:
+    """A Python or NumPy integer, and not a bool (True is not a count)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def import_optional(module: str, needed_for: str, install: str) -> ModuleType:
+    """Imports an optional dependency, or raises MissingDependencyError saying what needs it and
+    the command that installs it (e.g. ``pip install matplotlib``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise MissingDependencyError(
+            f"{needed_for} needs {module.split('.')[0]}, which is not installed: {install}"
+        ) from error
