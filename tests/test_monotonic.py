@@ -20,13 +20,13 @@ from fastload.monotonic import (
     Lattice,
     LatticeEnsemble,
     MonotoneLinear,
-    MonotonicRegressor,
     PWLCalibrator,
     check_finite_parameters,
     check_monotone,
     layers,
 )
 from fastload.monotonic.layers import _isotonic
+from fastload.train.models import MonotonicRegressor
 
 PROPERTY = settings(max_examples=50, deadline=None)
 

@@ -14,12 +14,11 @@ import torch
 
 import fastload
 from fastload import cli
-from fastload.monotonic import MonotonicRegressor, check_monotone
+from fastload.monotonic import check_monotone
 from fastload.store import Store, StoreWriter
 from fastload.train import TrainConfig, Trainer, fit, prepare_images
-from fastload.train.classifier import MonotonicClassifier
 from fastload.train.data import DataStream, open_data
-from fastload.train.trainer import channels_last_convolutions
+from fastload.train.models import MonotonicClassifier, MonotonicRegressor, channels_last_convolutions
 
 COUNT, SIDE = 200, 16
 # One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region

@@ -4,7 +4,7 @@ It writes a few thousand photo-like JPEGs (random crops of scikit-image's sample
 flipped and dimmed by a random gain; procedural textures as BMP files when scikit-image or
 Pillow is missing), packs them with :func:`fastload.pack`, compares the loader with the common
 ``np.memmap`` + ``DataLoader(num_workers=2)`` recipe on the same store, trains a
-:class:`~fastload.monotonic.MonotonicRegressor` for a short run, and checks its guarantee.
+:class:`~fastload.train.MonotonicRegressor` for a short run, and checks its guarantee.
 
 The label is a light-meter reading: ``4 × mean brightness of the image + 2 × exposure +
 noise``. Brightness is visible in the pixels; ``exposure`` is a per-record scalar stored beside

@@ -1,9 +1,9 @@
 """Monotone models: layers whose monotonicity holds by construction, and tabular estimators.
 
 * ``layers``: the building blocks (``PWLCalibrator``, ``CategoricalCalibrator``,
-  ``MonotoneLinear``, ``Lattice``, ``LatticeEnsemble``), the image model
-  ``MonotonicRegressor`` that ``fastload train`` fits, and the checks ``check_monotone`` and
-  ``check_finite_parameters``. Its docstring states the guarantees, rounding included.
+  ``MonotoneLinear``, ``Lattice``, ``LatticeEnsemble``) and the checks ``check_monotone`` and
+  ``check_finite_parameters``. The image models built of them (``MonotonicRegressor``, which
+  ``fastload train`` fits) are :mod:`fastload.train.models`'. Its docstring states the guarantees, rounding included.
 * ``estimator``: ``LatticeRegressor`` and ``LatticeClassifier``, scikit-learn style estimators
   for tables (arrays or DataFrames) with features declared by name.
 * ``plot``: ``plot_calibrators``, a PNG of a fitted estimator's calibrators.
@@ -21,7 +21,6 @@ from fastload.monotonic.layers import (
     Lattice,
     LatticeEnsemble,
     MonotoneLinear,
-    MonotonicRegressor,
     PWLCalibrator,
     check_finite_parameters,
     check_monotone,
@@ -40,7 +39,6 @@ __all__ = [
     "LatticeEnsemble",
     "LatticeRegressor",
     "MonotoneLinear",
-    "MonotonicRegressor",
     "PWLCalibrator",
     "check_finite_parameters",
     "check_monotone",

@@ -54,7 +54,7 @@ push past ``b`` into the next cell (see ``_lerp``). A lattice reduces its cell c
 dimension at a time: its first monotone dimension first, in that same form, then every other one
 as ``(1 - f) * a + f * b``, which is monotone in ``a`` and ``b`` under rounding; so a lattice is
 exactly monotone in its first monotone input, and in any further one up to rounding. A
-:class:`MonotonicRegressor` with one monotone input is therefore exactly monotone;
+:class:`~fastload.train.MonotonicRegressor` with one monotone input is therefore exactly monotone;
 :func:`check_monotone` measures the rest.
 
 The rounding bound for the further monotone inputs of a lattice with D dimensions, in a compute
@@ -95,7 +95,6 @@ __all__ = [
     "Lattice",
     "LatticeEnsemble",
     "MonotoneLinear",
-    "MonotonicRegressor",
     "PWLCalibrator",
     "MAX_LATTICE_ENTRIES",
     "check_finite_parameters",
@@ -206,7 +205,7 @@ def _check_monotonicities(values, allowed: Tuple[int, ...], length: int, name: s
     return values
 
 
-def _check_inputs(x: torch.Tensor, num_inputs: int, what: str) -> None:
+def check_inputs(x: torch.Tensor, num_inputs: int, what: str) -> None:
     if x.dim() != 2 or x.shape[1] != num_inputs:
         raise ValueError(f"{what} must have shape (N, {num_inputs}), got {tuple(x.shape)}")
 
@@ -767,7 +766,7 @@ class Lattice(nn.Module):
         return values.flip(decreasing) if decreasing else values
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_inputs(x, len(self.lattice_sizes), "Lattice input")
+        check_inputs(x, len(self.lattice_sizes), "Lattice input")
         return self.bank(self.flip(x, self.bank.raw)[:, None, :])[:, 0].to(_dtypes(x, self.bank.raw)[0])
 
 
@@ -849,7 +848,7 @@ class LatticeEnsemble(nn.Module):
         return [[self.monotonicities[i] != 0 for i in subset] for subset in self.input_index.tolist()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_inputs(x, self.num_inputs, "LatticeEnsemble input")
+        check_inputs(x, self.num_inputs, "LatticeEnsemble input")
         inputs = self.flip(x, self.bank.raw)
         return self.bank(inputs[:, self.input_index]).mean(1).to(_dtypes(x, self.bank.raw)[0])
 
@@ -873,127 +872,6 @@ class LatticeEnsemble(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-class SmallCNN(nn.Module):
-    """Three stride-2 conv/BN/ReLU stages, global average pooling and a linear head. Pools with
-    ``mean`` rather than AdaptiveAvgPool2d, whose CUDA backward is not deterministic."""
-
-    def __init__(self, in_channels: int, num_features: int):
-        super().__init__()
-        layers, channels = [], in_channels
-        for width in (16, 32, 64):
-            layers += [
-                nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False),
-                nn.BatchNorm2d(width),
-                nn.ReLU(inplace=True),
-            ]
-            channels = width
-        self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(channels, num_features)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(images).mean((2, 3)))
-
-
-class MonotonicRegressor(nn.Module):
-    """Image regressor that is non-decreasing in every extra scalar input, for every image.
-
-    ``model(images, monotone_inputs)``: images (N, C, H, W) go through ``backbone`` (default: a
-    small CNN; any module mapping the batch to (N, num_features) works) and are squashed into the
-    lattice domain; each column of ``monotone_inputs`` (N, M) goes through an increasing calibrator
-    (over ``monotone_input_range``: one (low, high) pair for all, or one per input) into a monotone
-    lattice dimension, never into the backbone. The lattice output passes an increasing output
-    calibrator, bounded by ``output_min``/``output_max`` when given: pass a range a little wider
-    than the labels' so training starts with predictions in the right place. With more than
-    ``lattice_rank`` lattice inputs a :class:`LatticeEnsemble` of ``num_lattices`` lattices
-    (default: enough to use each input about twice) replaces the single lattice. Returns (N,).
-    """
-
-    def __init__(
-        self,
-        backbone: Optional[nn.Module] = None,
-        num_features: int = 8,
-        monotone_inputs: int = 0,
-        lattice_size: int = 3,
-        in_channels: int = 3,
-        monotone_input_range: Union[Tuple[float, float], Sequence[Tuple[float, float]]] = (0.0, 1.0),
-        num_keypoints: int = 10,
-        lattice_rank: int = 4,
-        num_lattices: Optional[int] = None,
-        output_min: Optional[float] = None,
-        output_max: Optional[float] = None,
-        seed: int = 0,
-    ):
-        super().__init__()
-        if num_features < 1:
-            raise ValueError(f"num_features must be >= 1, got {num_features}")
-        if monotone_inputs < 0:
-            raise ValueError(f"monotone_inputs must be >= 0, got {monotone_inputs}")
-        if lattice_size < 2:
-            raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
-        ranges = list(monotone_input_range)
-        if len(ranges) == 2 and not isinstance(ranges[0], (tuple, list)):
-            ranges = [tuple(ranges)] * monotone_inputs
-        if len(ranges) != monotone_inputs:
-            raise ValueError(
-                f"monotone_input_range has {len(ranges)} pairs for {monotone_inputs} monotone inputs"
-            )
-        num_inputs = num_features + monotone_inputs
-        sizes, count = self.lattice_layout(num_inputs, lattice_size, lattice_rank, num_lattices)
-        check_lattice_size(sizes, count, "MonotonicRegressor")  # before any part is built
-        self.num_features, self.num_monotone, self.lattice_size = num_features, monotone_inputs, lattice_size
-        self.backbone = backbone if backbone is not None else SmallCNN(in_channels, num_features)
-        self.input_calibrators = nn.ModuleList(
-            PWLCalibrator(num_keypoints, low, high, 1, 0.0, lattice_size - 1.0) for low, high in ranges
-        )
-        monotonicities = [0] * num_features + [1] * monotone_inputs
-        if num_inputs <= lattice_rank:
-            self.lattice = Lattice(sizes, monotonicities, 0.0, 1.0)
-        else:
-            self.lattice = LatticeEnsemble(
-                num_inputs, lattice_rank, count, lattice_size, monotonicities, seed, 0.0, 1.0
-            )
-        self.output_calibrator = PWLCalibrator(num_keypoints, 0.0, 1.0, 1, output_min, output_max)
-
-    @staticmethod
-    def lattice_layout(
-        num_inputs: int, lattice_size: int, lattice_rank: int = 4, num_lattices: Optional[int] = None
-    ) -> Tuple[List[int], int]:
-        """(each lattice's sizes, how many lattices) the regressor builds for ``num_inputs``
-        lattice inputs (image features and monotone inputs): one lattice over all of them, or an
-        ensemble of lattices over ``lattice_rank`` each."""
-        if num_inputs <= lattice_rank:
-            return [lattice_size] * num_inputs, 1
-        return [lattice_size] * lattice_rank, num_lattices or math.ceil(2 * num_inputs / lattice_rank)
-
-    def image_features(self, images: torch.Tensor) -> torch.Tensor:
-        """Backbone features squashed into the lattice domain, shape (N, num_features)."""
-        features = self.backbone(images)
-        _check_inputs(features, self.num_features, "backbone output")
-        return torch.sigmoid(features) * (self.lattice_size - 1)
-
-    def head(
-        self, image_features: torch.Tensor, monotone_inputs: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
-        """Prediction from :meth:`image_features`; the part that is monotone in monotone_inputs."""
-        if self.num_monotone and monotone_inputs is None:
-            raise ValueError(f"this model needs monotone_inputs of shape (N, {self.num_monotone})")
-        lattice_inputs = [image_features]
-        if monotone_inputs is not None:
-            _check_inputs(monotone_inputs, self.num_monotone, "monotone_inputs")
-            if monotone_inputs.shape[0] != image_features.shape[0]:
-                raise ValueError(
-                    f"monotone_inputs has {monotone_inputs.shape[0]} rows for {image_features.shape[0]} images"
-                )
-            lattice_inputs += [
-                calibrator(monotone_inputs[:, i]).to(image_features.dtype)[:, None]
-                for i, calibrator in enumerate(self.input_calibrators)
-            ]
-        return self.output_calibrator(self.lattice(torch.cat(lattice_inputs, 1)))
-
-    def forward(self, images: torch.Tensor, monotone_inputs: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.head(self.image_features(images), monotone_inputs)
-
-
 @torch.no_grad()
 def check_monotone(
     model: nn.Module,
@@ -1007,7 +885,7 @@ def check_monotone(
     Each column in turn takes ``num_steps`` increasing values over ``sweep_range`` (default: the
     column's observed range widened by half its span on each side, to cover the clamped regions)
     while the other columns keep theirs, for every image. Runs in eval mode, restoring the mode
-    after. A :class:`MonotonicRegressor` computes its image features once, so the sweep costs one
+    after. A :class:`~fastload.train.MonotonicRegressor` computes its image features once, so the sweep costs one
     backbone pass and backbone nondeterminism cannot pose as a violation. Returns 0.0 for a
     monotone model; see the module docstring for when rounding may give a tiny positive value.
     Raises ValueError if any swept output is NaN or infinite: such outputs compare as neither
@@ -1022,7 +900,9 @@ def check_monotone(
     was_training = model.training
     model.eval()
     try:
-        if isinstance(model, MonotonicRegressor):
+        # A model split into image features and a monotone head (fastload.train's
+        # MonotonicRegressor) computes the features once for the whole sweep.
+        if hasattr(model, "image_features") and hasattr(model, "head"):
             predict = functools.partial(model.head, model.image_features(images))
         else:
             predict = functools.partial(model, images)

@@ -3,8 +3,9 @@ train`` command.
 
 The package's modules: ``config`` (:class:`TrainConfig`, every option checked in one place),
 ``task`` (regression or classification: which labels each takes, its loss and validation
-figures), ``data`` (the stores, their split and the stream of device batches), ``classifier``
-(:class:`MonotonicClassifier`), ``trainer`` (one model's
+figures), ``data`` (the stores, their split and the stream of device batches), ``models``
+(every image model: :class:`MonotonicRegressor`, :class:`MonotonicClassifier`, and
+:func:`build_model`), ``trainer`` (one model's
 :class:`~fastload.train.trainer.Trainer` and the loop that feeds it), ``checkpoint`` (atomic
 checkpoints tied to their stores), ``report`` (epoch lines and JSON logs).
 """
@@ -26,16 +27,14 @@ from fastload.inspect import machine_memory
 from fastload.options import MAX_RUNS_FILE_BYTES
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import load_checkpoint, load_group
-from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
+from fastload.train.models import MonotonicClassifier, MonotonicRegressor, build_model, model_state_bytes
 from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
 from fastload.train.trainer import (
     FitResult,
     Trainer,
-    build_model,
     learning_rate,
-    model_state_bytes,
     torch_settings,
     train,
     train_many,
@@ -48,7 +47,7 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def fit(store: Union[Store, PathLike], **options) -> FitResult:
-    """Trains a :class:`~fastload.monotonic.MonotonicRegressor` on a store's labels, or a
+    """Trains a :class:`~fastload.train.MonotonicRegressor` on a store's labels, or a
     :class:`MonotonicClassifier` on its class indices. The keyword arguments are the fields of
     :class:`TrainConfig` (their defaults are its).
 
@@ -235,6 +234,7 @@ def _check_state_memory(
 __all__ = [
     "FitResult",
     "MonotonicClassifier",
+    "MonotonicRegressor",
     "TrainConfig",
     "build_model",
     "check_outputs",

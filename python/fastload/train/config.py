@@ -17,10 +17,11 @@ from torch import nn
 from fastload._checks import fspath, is_int
 from fastload.augment import Augment
 from fastload.inspect import machine_memory, usable_cores
-from fastload.monotonic.layers import MonotonicRegressor, check_lattice_size
+from fastload.monotonic.layers import check_lattice_size
 from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_checkpoint_path
+from fastload.train.models import MonotonicRegressor
 
 # Bounds on the options, so a slip (--threads 100000, --workers 500, --size 100000) is refused
 # before anything runs instead of crashing torch, exhausting memory or leaving workers behind.

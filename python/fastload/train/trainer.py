@@ -29,10 +29,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fastload._checks import import_optional
 from fastload.errors import Diverged
-from fastload.monotonic import MonotonicRegressor, check_finite_parameters
-from fastload.options import BACKBONES
+from fastload.monotonic import check_finite_parameters
 from fastload.progress import Progress
 from fastload.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -41,9 +39,9 @@ from fastload.train.checkpoint import (
     save_group,
     set_rng_state,
 )
-from fastload.train.classifier import MonotonicClassifier
 from fastload.train.config import TrainConfig
 from fastload.train.data import DataStream, EpochMeter, TrainingData
+from fastload.train.models import build_model, channels_last_convolutions, model_state_bytes
 from fastload.train.task import (
     CLASSIFICATION,
     PATIENCE_FIGURES,
@@ -597,26 +595,6 @@ def _state_problem(expected: dict, state: dict) -> Optional[str]:
     return None
 
 
-def channels_last_convolutions(model: nn.Module) -> nn.Module:
-    """Stores the weights of ``model``'s 2-d convolutions channels_last, the layout of the
-    batches to_device hands it (cuDNN's fast path for NHWC images), in place. Only those:
-    ``model.to(memory_format=torch.channels_last)`` also reorders every other 4-d tensor and
-    refuses 5-d ones, such as the vertices of a lattice of rank 4 (the default model's
-    LatticeEnsemble: num_lattices x 3 x 3 x 3 x 3), which failed every CUDA run (#25)."""
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d):
-            module.to(memory_format=torch.channels_last)
-    return model
-
-
-def model_state_bytes(model: nn.Module) -> int:
-    """Bytes a model's training holds beside its activations: its parameters and buffers, a
-    gradient per parameter and AdamW's two moments per parameter."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return 4 * params + buffers
-
-
 def _progress_figures(meter: EpochMeter) -> str:
     """The progress bar's running loss, img/s and data-wait share (reading the loss waits for the device)."""
     elapsed = max(meter.elapsed(), 1e-9)
@@ -638,49 +616,6 @@ def learning_rate(schedule: str, lr: float, step: int, total_steps: int) -> floa
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, total_steps - warmup)
     return lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def build_model(
-    config: dict, backbone: Union[str, nn.Module, None] = None
-) -> Union[MonotonicRegressor, MonotonicClassifier]:
-    """The model a run's ``config`` (as stored in its checkpoints) describes: a regressor, or a
-    classifier of ``config["class_names"]`` when its task is classification."""
-    ranges = [tuple(r) for r in config["monotone_input_range"]]
-    common = dict(
-        backbone=_make_backbone(
-            backbone if backbone is not None else config["backbone"],
-            config["in_channels"],
-            config["num_features"],
-        ),
-        num_features=config["num_features"],
-        monotone_inputs=len(ranges),
-        lattice_size=config["lattice_size"],
-        in_channels=config["in_channels"],
-        monotone_input_range=ranges if ranges else (0.0, 1.0),
-        seed=config["seed"],
-    )
-    if config.get("task") == CLASSIFICATION:
-        return MonotonicClassifier(len(config["class_names"]), **common)
-    output_min, output_max = config["output_range"]
-    return MonotonicRegressor(output_min=output_min, output_max=output_max, **common)
-
-
-def _make_backbone(backbone: Union[str, nn.Module, None], in_channels: int, num_features: int):
-    if backbone is None or isinstance(backbone, nn.Module):
-        return backbone
-    if backbone == "small-cnn":
-        return None  # MonotonicRegressor's own default
-    if backbone != "resnet18":
-        raise ValueError(
-            f"backbone must be one of {', '.join(BACKBONES)} or a torch module, not {backbone!r}"
-        )
-    models = import_optional(
-        "torchvision.models", "the resnet18 backbone (or use --backbone small-cnn)", "pip install torchvision"
-    )
-    net = models.resnet18(weights=None, num_classes=num_features)
-    if in_channels != 3:
-        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    return net
 
 
 def _gpu_metrics(device: torch.device) -> dict:
