@@ -180,6 +180,9 @@ def test_temporary_store_is_written_and_removed(tmp_path, monkeypatch):
         ({"images": 10}, "go together"),
         ({"size_gb": 1.0}, "not both"),
         ({"json_path": "/nonexistent-dir/b.json"}, "directory does not exist"),
+        ({"batch_size": 0}, "batch_size must be an integer >= 1, not 0"),
+        ({"batch_size": 10**26}, "batch_size must be below 2\\*\\*62"),
+        ({"batch_size": 10**15}, "batch_size must be between 1 and .* records of .*this machine has"),
     ],
 )
 def test_bad_arguments_are_refused(tiny_store, kwargs, message):

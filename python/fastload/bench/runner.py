@@ -41,6 +41,7 @@ from fastload.bench.stages import (
     bench_memcpy,
     bench_to_device,
 )
+from fastload.dataset.plan import positive_int
 from fastload.files import output_target, replace_atomically
 from fastload.inspect import machine_memory, memory_plan
 from fastload.progress import Progress
@@ -122,8 +123,7 @@ def run(
     stages = parse_stages(only)
     if repeats < 3:
         raise ValueError(f"repeats must be at least 3 (a median needs several runs), not {repeats}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, not {batch_size}")
+    batch_size = positive_int(batch_size, "batch_size")
     if store is not None and size_gb is not None:
         raise ValueError("give either a store or size_gb (the size of a temporary store), not both")
     if size_gb is not None and size_gb <= 0:
@@ -156,6 +156,7 @@ def run(
         with Store(path) as s:
             if len(s) == 0:
                 raise ValueError(f"{path}: the store has no records to benchmark")
+            check_batch_fits(batch_size, s)
             sample = max(1, min(len(s), plan.sample_bytes // s.image_nbytes))
             ctx = Context(
                 path=path,
@@ -211,6 +212,20 @@ def run(
     if console:
         print_report(results)
     return results
+
+
+def check_batch_fits(batch_size: int, store: Store) -> None:
+    """Refuses a batch the stages cannot hold: each stage keeps a few batches (uint8 and
+    float32) at once, so a batch beyond an eighth of this machine's RAM (when known) fails."""
+    ram = machine_memory()
+    most = max(1, ram // (8 * store.image_nbytes)) if ram else None
+    if most is not None and batch_size > most:
+        h, w, c = store.shape
+        raise ValueError(
+            f"batch_size must be between 1 and {most:,} for {h}x{w}x{c} records of {store.path} "
+            f"(a batch of {batch_size:,} is {batch_size * store.image_nbytes / 1e9:,.1f} GB as uint8; "
+            f"this machine has {ram / 1e9:.1f} GB of RAM), not {batch_size:,}"
+        )
 
 
 def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
