@@ -58,6 +58,7 @@ def test_a_damaged_store_is_caught_as_a_fastload_error(tmp_path):
 
 def test_a_missing_optional_dependency_names_the_feature_and_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)  # imported already by another test
     with pytest.raises(fastload.MissingDependencyError) as caught:
         import_optional("matplotlib.pyplot", "--plot", "pip install matplotlib")
     assert str(caught.value) == "--plot needs matplotlib, which is not installed: pip install matplotlib"
