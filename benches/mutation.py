@@ -50,7 +50,9 @@ MODULES = {
     "dataset/prefetch.py": ["tests/test_dataset.py"],
     "device.py": ["tests/test_dataset.py", "tests/test_augment.py"],
     "augment.py": ["tests/test_augment.py"],
-    "pack.py": ["tests/test_pack.py", "tests/test_pack_safety.py"],
+    "pack/walk.py": ["tests/test_pack_walk.py", "tests/test_pack.py"],
+    "pack/labels.py": ["tests/test_pack_labels.py"],
+    "pack/pipeline.py": ["tests/test_pack.py"],
     "train/checkpoint.py": ["tests/test_train.py", "tests/test_train_safety.py"],
     "monotonic/layers.py": ["tests/test_monotonic.py"],
 }

@@ -1,14 +1,19 @@
-"""`fastload.pack` / `fastload pack`: formats, orientation, resize geometry, labels,
-bad input, determinism, interruption and exit codes. Fixtures are tiny images made with Pillow."""
+"""`fastload.pack` / `fastload pack`, the pipeline (`fastload/pack/pipeline.py`): formats,
+orientation, resize geometry, bad and damaged files, strict, bounded workers and record sizes,
+determinism, interruption (Ctrl-C included) and exit codes, and the report's escaped names.
+Fixtures are tiny images made with Pillow; the helpers here serve test_pack_walk.py and
+test_pack_labels.py too."""
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -19,7 +24,7 @@ from PIL import Image, ImageOps
 
 import fastload
 import fastload.inspect
-from fastload import BadFilesError
+from fastload import BadFilesError, _core
 from fastload.cli import main as cli_main
 
 SIZE = 32
@@ -225,49 +230,41 @@ def photo_folder(root: Path, names, size: int = 8) -> Path:
     return root
 
 
-@pytest.mark.parametrize("header", [True, False])
-@pytest.mark.parametrize("encoding, newline", [("utf-8", "\n"), ("utf-8-sig", "\r\n")])
-def test_csv_labels_land_on_their_records(tmp_path, header, encoding, newline):
-    src = photo_folder(tmp_path / "src", ["b.png", "a.png", "sub/c.png"])
-    rows = ["path,target"] * header + ["sub/c.png,2.5", "a.png,-1", "b.png,7.25"]
-    (tmp_path / "labels.csv").write_bytes(newline.join(rows).encode(encoding) + newline.encode())
-    store = fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "labels.csv").path)
-    assert store.meta["sources"] == ["a.png", "b.png", "sub/c.png"]
-    assert store.label_dtype == np.float64
-    assert store.labels.tolist() == [-1.0, 7.25, 2.5]
+def image(path: Path, side: int = 8, value: int = 100) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((side, side, 3), value, np.uint8)).save(path)
+    return path
 
 
-def test_class_folders_give_class_indices_and_names(tmp_path):
-    src = photo_folder(tmp_path / "src", ["dog/1.png", "cat/2.png", "cat/1.png", "emu/x/deep.png"])
-    progress = []
-    report = fastload.pack(
-        src, tmp_path / "s.fl", 8, progress=lambda done, total: progress.append((done, total))
-    )
-    store = fastload.Store(report.path)
-    assert store.meta["class_names"] == ["cat", "dog", "emu"]
-    assert store.meta["sources"] == ["cat/1.png", "cat/2.png", "dog/1.png", "emu/x/deep.png"]
-    assert store.labels.tolist() == [0, 0, 1, 2] and store.label_dtype == np.int64
-    assert store.meta["pack"]["resize"] == "crop" and store.meta["skipped"] == []
-    assert progress[-1] == (4, 4) and report.records == 4
+def classes(src: Path) -> Path:
+    image(src / "cat" / "a.png")
+    image(src / "dog" / "b.png", value=200)
+    return src
 
 
-def test_class_folders_that_read_as_one_name_are_refused(tmp_path):
-    """Two folders may differ as bytes yet read the same ('é' as one code point or as e and an
-    accent): their classes would show as one."""
-    src = photo_folder(tmp_path / "src", ["\u00e9/1.png", "e\u0301/2.png", "x/3.png"])
-    with pytest.raises(
-        ValueError, match="class folders that read as one name: 'é' .*different Unicode forms"
-    ):
-        fastload.pack(src, tmp_path / "s.fl", 8)
-    assert not (tmp_path / "s.fl").exists()
+def cli(capsys, *args) -> tuple:
+    code = cli_main(["pack", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_a_file_name_that_is_not_utf8_packs(tmp_path):
-    (tmp_path / "src" / "c").mkdir(parents=True)
-    name = os.fsdecode(b"bad\xffname.png")  # a byte that is not UTF-8 (Linux allows it)
-    Image.fromarray(gradient(8, 8)).save(tmp_path / "src" / "c" / name, format="PNG")
-    store = fastload.Store(fastload.pack(tmp_path / "src", tmp_path / "s.fl", 8).path)
-    assert store.meta["sources"] == ["c/bad\ufffdname.png"] and len(store) == 1
+def pack_within(seconds: float, *args, **kwargs):
+    """`pack` in a thread that must finish within `seconds` (a blocked decode fails the test)."""
+    result = {}
+
+    def run():
+        try:
+            result["report"] = fastload.pack(*args, **kwargs)
+        except Exception as exc:  # handed to the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"pack did not finish within {seconds} s"
+    if "error" in result:
+        raise result["error"]
+    return result["report"]
 
 
 def test_verify_names_the_source_of_a_damaged_record(tmp_path):
@@ -328,6 +325,7 @@ def partials(folder: Path) -> list:
     return [p.name for p in folder.iterdir() if p.name.endswith(".fastload-partial")]
 
 
+@pytest.mark.safety
 def test_bad_files_are_skipped_with_their_reason(tmp_path):
     expected = bad_folder(tmp_path / "src")
     report = fastload.pack(tmp_path / "src", tmp_path / "s.fl", 16)
@@ -341,6 +339,7 @@ def test_bad_files_are_skipped_with_their_reason(tmp_path):
     assert "bomb.png" in str(report) and "packed 1 image " in str(report)
 
 
+@pytest.mark.safety
 def test_strict_names_every_bad_file_and_writes_nothing(tmp_path):
     expected = set(bad_folder(tmp_path / "src")) - SKIPPED_BY_RULE
     with pytest.raises(BadFilesError) as err:
@@ -370,6 +369,7 @@ def damaged_jpeg(path: Path, flips: int = 24) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.safety
 def test_a_damaged_jpeg_is_packed_and_listed_with_its_decoder_warnings(tmp_path):
     src = photo_folder(tmp_path / "src", ["c/clean.jpg", "c/z.png"], size=64)
     damaged_jpeg(src / "c" / "flipped.jpg")
@@ -385,6 +385,7 @@ def test_a_damaged_jpeg_is_packed_and_listed_with_its_decoder_warnings(tmp_path)
     assert store.meta["decode_warnings"] == [{"file": "c/flipped.jpg", "record": 1, "warnings": warnings}]
 
 
+@pytest.mark.safety
 def test_strict_refuses_a_damaged_jpeg_but_not_files_skipped_by_rule(tmp_path, capsys):
     src = photo_folder(tmp_path / "src", ["c/clean.jpg", "d/other.jpg"], size=64)
     (src / "c" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
@@ -405,85 +406,32 @@ def test_strict_refuses_a_damaged_jpeg_but_not_files_skipped_by_rule(tmp_path, c
     assert not (tmp_path / "s.fl").exists()
 
 
-def test_csv_problems_are_reported_with_line_numbers(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png", "b.png", "c.png", "d.png"])
-    (tmp_path / "labels.csv").write_text(
-        "path,label\na.png,1\nmissing.png,2\nb.png,abc\nc.png,nan\nd.png,inf\na.png,3\n"
-    )
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "labels.csv")
-    message = str(err.value)
-    for line, what in [
-        (3, "missing.png does not exist"),
-        (4, "not a number"),
-        (5, "not a finite"),
-        (6, "not a finite"),
-        (7, "already has a label on line 2"),
-    ]:
-        assert f"line {line}: " in message and what in message
-    assert not (tmp_path / "s.fl").exists()
+# Control characters in names
+
+HOSTILE = "a\x1b[31mred\r\n.jpg"
+
+ESCAPED = "a\\x1b[31mred\\r\\n.jpg"
 
 
-def test_int64_labels_must_be_whole(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png"])
-    (tmp_path / "labels.csv").write_text("a.png,1.5\n")
-    with pytest.raises(ValueError, match="line 1: a.png: label '1.5' is not a whole number"):
-        fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "labels.csv", label_dtype="int64")
+@pytest.mark.safety
+def test_control_characters_in_names_are_printed_escaped(tmp_path, capsys):
+    src = classes(tmp_path / "src")
+    (src / "cat" / HOSTILE).write_bytes(b"not an image")
+    (src / "cat" / "bidi\u202egpj.exe.png").write_bytes(b"not an image either")
+    report = fastload.pack(src, tmp_path / "s.fl", 8)
+    assert (f"cat/{HOSTILE}", "not an image (unrecognised file format)") in report.skipped
+    text = str(report)
+    assert f"cat/{ESCAPED}: not an image" in text and "cat/bidi\\u202egpj.exe.png" in text
+    assert not any(c in text for c in "\x1b\r\u202e")
+    store = fastload.Store(tmp_path / "s.fl")
+    assert f"cat/{HOSTILE}" in [s["file"] for s in store.meta["skipped"]]  # the metadata keeps the name
 
-
-def test_unlabelled_images_fail_unless_skipped(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png", "b.png"])
-    (src / "labels.csv").write_text("a.png,4\n")  # a labels file inside SRC is not an image to pack
-    with pytest.raises(ValueError, match=r"1 image\(s\) have no label.*skip_unlabelled.*\n  b.png"):
-        fastload.pack(src, tmp_path / "s.fl", 8, labels=src / "labels.csv")
-    report = fastload.pack(
-        src, tmp_path / "s.fl", 8, labels=src / "labels.csv", skip_unlabelled=True, strict=True
-    )
-    assert report.records == 1 and report.skipped == [("b.png", "no label (skipped by request)")]
-    assert fastload.Store(report.path).labels.tolist() == [4]
-
-
-def test_no_labels_at_all_explains_both_ways(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png"])
-    with pytest.raises(ValueError, match="no labels") as err:
-        fastload.pack(src, tmp_path / "s.fl", 8)
-    assert "labels" in str(err.value) and "subfolder per class" in str(err.value)
-
-
-def test_a_flat_folder_packs_without_labels_and_says_so(tmp_path, capsys):
-    src = photo_folder(tmp_path / "src", ["b.png", "a.jpg", "sub/c.png"])
-    (src / "notes.txt").write_text("not an image")
-    report = fastload.pack(src, tmp_path / "s.fl", 8, no_labels=True, strict=True)
-    assert report.records == 3 and report.skipped == [
-        ("notes.txt", "not an image file (no label, no image extension)")
-    ]
-    store = fastload.Store(report.path)
-    assert store.meta["sources"] == ["a.jpg", "b.png", "sub/c.png"] and store.labels.tolist() == [0, 0, 0]
-    assert store.meta["labels"] == "none" and store.meta["pack"]["labels"] == "none" and not store.labelled
-    assert "class_names" not in store.meta
-    floats = fastload.Store(
-        fastload.pack(src, tmp_path / "f.fl", 8, no_labels=True, label_dtype="float64").path
-    )
-    assert np.isnan(floats.labels).all() and not floats.labelled
-    summary = fastload.inspect.info(store.path)
-    assert summary["labelled"] is False and summary["labels"] == {}
-    assert cli_main(["info", str(store.path)]) == 0
-    assert "3 images of 8x8x3 uint8, no labels (packed with --no-labels)" in capsys.readouterr().out
-    assert cli_main(["pack", str(src), str(tmp_path / "c.fl"), "--size", "8", "--no-labels", "--quiet"]) == 0
-    assert not fastload.Store(tmp_path / "c.fl").labelled
-    csv_path = tmp_path / "labels.csv"
-    csv_path.write_text("a.jpg,1\n")
-    with pytest.raises(ValueError, match="not both"):
-        fastload.pack(src, tmp_path / "x.fl", 8, no_labels=True, labels=csv_path)
-    with pytest.raises(SystemExit) as usage:
-        cli_main(["pack", str(src), str(tmp_path / "x.fl"), "--no-labels", "--labels", str(csv_path)])
-    assert usage.value.code == 2
-
-
-def test_without_labels_the_error_offers_no_labels(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png"])
-    with pytest.raises(ValueError, match=r"no labels\. .*--no-labels"):
-        fastload.pack(src, tmp_path / "s.fl", 8)
+    code, out, err = cli(capsys, src, tmp_path / "t.fl", "--size", 8)
+    assert code == 0 and f"cat/{ESCAPED}" in out
+    code, out, err = cli(capsys, src, tmp_path / "u.fl", "--size", 8, "--strict")
+    assert code == 1 and f"cat/{ESCAPED}" in err
+    for printed in (out, err):
+        assert "\x1b" not in printed and "\r" not in printed
 
 
 def test_info_calls_whole_number_labels_of_a_csv_values_not_classes(tmp_path, capsys):
@@ -531,93 +479,7 @@ def test_a_folder_without_images_says_so_not_no_labels(tmp_path):
     assert not (tmp_path / "s.fl").exists()
 
 
-def test_csv_rows_for_missing_files_fail_unless_skipped(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png", "b.png"])
-    csv_path = tmp_path / "labels.csv"
-    csv_path.write_text("a.png,1.5\ngone.png,2\nb.png,3\n")
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
-    assert "line 2: gone.png does not exist in" in str(err.value)
-    assert str(err.value).count("--skip-missing") == 1  # the advice once, not on every row
-    assert not (tmp_path / "s.fl").exists()
-    report = fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=True, strict=True)
-    assert report.records == 2
-    assert report.skipped == [("gone.png", "in the labels CSV, but no such file (skipped by request)")]
-    assert fastload.Store(report.path).labels.tolist() == [1.5, 3.0]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fastload",
-            "pack",
-            str(src),
-            str(tmp_path / "t.fl"),
-            "--size",
-            "8",
-            "--labels",
-            str(csv_path),
-            "--skip-missing",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "gone.png" in result.stdout and len(fastload.Store(tmp_path / "t.fl")) == 2
-
-
-def test_csv_paths_with_a_folder_too_many_are_explained_once(tmp_path, capsys):
-    names = [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(18)]
-    src = photo_folder(tmp_path / "classes", names)
-    csv_path = tmp_path / "labels.csv"  # beside SRC, its paths written from there
-    csv_path.write_text("path,label\n" + "".join(f"classes/{n},{int(n.startswith('dog'))}\n" for n in names))
-    for skip in (False, True):
-        with pytest.raises(ValueError) as err:
-            fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path, skip_missing=skip)
-        message = str(err.value)
-        assert "none of its 36 paths names a file in SRC" in message
-        assert "all 36 start with `classes/`: they are relative to the CSV's folder" in message
-        assert "without `classes/`), e.g. `cat/0.png`" in message
-        assert "skip-missing" not in message and "no images to pack" not in message
-        assert len(message.splitlines()) == 1
-    assert (
-        cli_main(["pack", str(src), str(tmp_path / "s.fl"), "--labels", str(csv_path), "--skip-missing"]) == 1
-    )
-    assert capsys.readouterr().err.count("classes/") == 2
-
-
-def test_csv_paths_naming_nothing_say_so_once_with_the_first_rows(tmp_path):
-    src = photo_folder(tmp_path / "src", ["a.png"])
-    csv_path = tmp_path / "labels.csv"
-    csv_path.write_text("".join(f"elsewhere{i}.png,{i}\n" for i in range(35)))
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path)
-    message = str(err.value)
-    assert "none of its 35 paths names a file in SRC" in message and "skip-missing" not in message
-    assert "elsewhere2.png" in message and "elsewhere3.png" not in message and "... and 32 more" in message
-
-
-def test_class_names_as_csv_labels_become_classes(tmp_path, capsys):
-    src = photo_folder(tmp_path / "src", ["a.png", "b.png", "c.png", "d.png"])
-    csv_path = tmp_path / "labels.csv"
-    csv_path.write_text("file,animal\na.png,dogs\nb.png, cats\nc.png,dogs\nd.png,emus\n")
-    store = fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, labels=csv_path).path)
-    assert store.meta["class_names"] == ["cats", "dogs", "emus"] and store.label_dtype == np.int64
-    assert store.labels.tolist() == [1, 0, 1, 2]
-    assert fastload.inspect.info(store.path)["labels"]["classes"] == {"cats": 1, "dogs": 2, "emus": 1}
-    # Without a header the first row is data: its name is another row's label.
-    csv_path.write_text("a.png,dogs\nb.png,cats\nc.png,dogs\nd.png,dogs\n")
-    store = fastload.Store(fastload.pack(src, tmp_path / "t.fl", 8, labels=csv_path).path)
-    assert store.labels.tolist() == [1, 0, 1, 1]
-    csv_path.write_text("a.png,dogs\nb.png,2\nc.png,dogs\nd.png,1\n")
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "u.fl", 8, labels=csv_path)
-    assert "label 'dogs' is not a number" in str(err.value) and "or all of them class names" in str(err.value)
-    csv_path.write_text("a.png,dogs\nb.png,cats\nc.png,dogs\nd.png,dogs\n")
-    with pytest.raises(ValueError, match="label 'dogs' is not a number"):
-        fastload.pack(src, tmp_path / "v.fl", 8, labels=csv_path, label_dtype="float64")
-
-
+@pytest.mark.safety
 def test_too_many_names_for_the_metadata_fail_before_decoding(tmp_path, monkeypatch):
     src = photo_folder(tmp_path / "src", [f"c/{i}.png" for i in range(20)])
     monkeypatch.setattr(fastload._core, "MAX_META_LEN", 100)
@@ -685,6 +547,45 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert fastload.Store(tmp_path / "p.fl").shape == (8, 12, 3)
 
 
+# Bounded workers and chunk memory
+
+
+@pytest.mark.safety
+def test_workers_are_bounded_by_the_cores(tmp_path, capsys):
+    src = classes(tmp_path / "src")
+    cores = os.cpu_count()
+    bound = f"workers must be between 1 and {_core.PACK_MAX_WORKERS} (this machine has"
+    with pytest.raises(ValueError, match=re.escape(bound) + r" \d+ cores\), not 100000"):
+        fastload.pack(src, tmp_path / "s.fl", 8, workers=100_000)
+    for wrong in (-3, 10**26):  # one message, however far out (not an OverflowError)
+        with pytest.raises(ValueError, match=re.escape(bound) + rf" \d+ cores\), not {wrong}"):
+            fastload.pack(src, tmp_path / "s.fl", 8, workers=wrong)
+    code, _, err = cli(capsys, src, tmp_path / "s.fl", "--size", 8, "--workers", 100_000)
+    assert code == 1 and bound in err and "Traceback" not in err
+    assert not (tmp_path / "s.fl").exists()
+    assert 4 <= _core.PACK_MAX_WORKERS <= 4 * cores
+    assert (
+        len(fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, workers=_core.PACK_MAX_WORKERS).path))
+        == 2
+    )
+
+
+@pytest.mark.safety
+def test_a_record_larger_than_a_chunk_may_hold_is_refused(tmp_path, capsys):
+    src = classes(tmp_path / "src")
+    with pytest.raises(ValueError, match=r"size 10000x10000: one record takes 286 MiB, over the 256 MiB"):
+        fastload.pack(src, tmp_path / "s.fl", 10000)
+    code, _, err = cli(capsys, src, tmp_path / "s.fl", "--height", 9000, "--width", 12000)
+    assert code == 1 and "over the 256 MiB" in err
+    with pytest.raises(ValueError, match="between 1 and 65535"):
+        fastload.pack(src, tmp_path / "s.fl", (1, 70000))
+    assert not (tmp_path / "s.fl").exists()
+    assert _core.PACK_DECODE_MEMORY_BUDGET == 2 << 30
+
+
+# Interruption
+
+
 @pytest.fixture(scope="module")
 def big_folder(tmp_path_factory):
     """Enough noisy photos that one worker takes a few seconds to pack them."""
@@ -697,6 +598,7 @@ def big_folder(tmp_path_factory):
     return root
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_interrupted_pack_leaves_nothing(tmp_path, big_folder, sig):
     dest = tmp_path / "s.fl"
@@ -732,3 +634,44 @@ def test_interrupted_pack_leaves_nothing(tmp_path, big_folder, sig):
     subprocess.run(command[:6] + ["--size", "16", "--quiet"], check=True)
     assert len(fastload.Store(dest)) == 120
     assert partials(tmp_path) == []
+
+
+@pytest.mark.safety
+def test_ctrl_c_stops_a_long_chunk_within_a_second_and_leaves_nothing(tmp_path):
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    y, x = np.mgrid[0:4000, 0:4000]
+    big = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1).astype(np.uint8)
+    Image.fromarray(big).save(src / "0.jpg", quality=90)
+    for i in range(1, 16):  # one chunk of 16 files, seconds of decoding on one thread
+        os.link(src / "0.jpg", src / f"{i}.jpg")
+    dest = tmp_path / "s.fl"
+    proc = subprocess.Popen(  # 2048: over half the side, so JPEGs decode at full scale (no DCT shortcut)
+        [
+            sys.executable,
+            "-m",
+            "fastload",
+            "pack",
+            str(tmp_path / "src"),
+            str(dest),
+            "--size",
+            "2048",
+            "--workers",
+            "1",
+            "--quiet",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while not any(p.name.endswith(".fastload-partial") for p in tmp_path.iterdir()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    time.sleep(0.5)  # inside the first chunk's decoding
+    assert proc.poll() is None, "the pack finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    waited = time.monotonic() - sent
+    assert proc.returncode == 130 and b"interrupted" in err
+    assert waited < 1.5, f"Ctrl-C took {waited:.1f} s"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
