@@ -29,16 +29,11 @@ from fastload.store import PathLike, Store
 from fastload.train.checkpoint import load_checkpoint, load_group
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
+from fastload.train.loop import torch_settings, train, train_many
 from fastload.train.models import MonotonicClassifier, MonotonicRegressor, build_model, model_state_bytes
 from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
-from fastload.train.trainer import (
-    FitResult,
-    Trainer,
-    learning_rate,
-    torch_settings,
-    train,
-    train_many,
-)
+from fastload.train.schedule import learning_rate
+from fastload.train.trainer import FitResult, Trainer
 
 # What may differ between the runs of a fit_many group: the model and its optimization. The
 # rest shapes the shared data stream (or is the group's, like epochs and the device).
