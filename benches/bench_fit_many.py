@@ -26,7 +26,7 @@ The targets (#25): at N=4, fit_many gives at least 2x the throughput of separate
 status and stderr; the other measurements go on and the bench exits 1.
 
 With --amp bf16 the runs train under bf16 autocast; the trainer stacks only runs without amp
-(`trainer.stack_key`), so "fit_many --stack" then steps its runs one by one, as fit_many does.
+(`stacked.stack_key`), so "fit_many --stack" then steps its runs one by one, as fit_many does.
 On CUDA the models' convolutions and the batches are always channels_last (the trainer's
 layout; there is no option to turn it off).
 
@@ -64,13 +64,13 @@ POOL = 512  # distinct random images the store's records cycle through
 GPU_POLL_S = 0.2
 
 # Run by each child: `fastload train` as the CLI runs it, its training timed (the train_many
-# that fit_many calls, and the one fit calls through trainer.train), its report written to a
+# that fit_many calls, and the one fit calls through loop.train), its report written to a
 # file of its own (argv[1]) so that nothing the run prints can be mistaken for it.
 CHILD = r"""
 import json, resource, sys, time
 import torch
 from fastload import cli, train
-from fastload.train import trainer
+from fastload.train import loop
 
 windows = []
 
@@ -87,7 +87,7 @@ def timed(train_many):
 
 
 train.train_many = timed(train.train_many)
-trainer.train_many = timed(trainer.train_many)
+loop.train_many = timed(loop.train_many)
 rc = cli.main(sys.argv[2:])
 with open(sys.argv[1], "w") as f:
     json.dump(

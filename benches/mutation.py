@@ -53,7 +53,12 @@ MODULES = {
     "pack/walk.py": ["tests/test_pack_walk.py", "tests/test_pack.py"],
     "pack/labels.py": ["tests/test_pack_labels.py"],
     "pack/pipeline.py": ["tests/test_pack.py"],
-    "train/checkpoint.py": ["tests/test_train.py", "tests/test_train_safety.py"],
+    "train/checkpoint.py": [
+        "tests/test_train.py",
+        "tests/test_trainer.py",
+        "tests/test_train_loop.py",
+        "tests/test_checkpoints.py",
+    ],
     "monotonic/layers.py": ["tests/test_monotonic.py"],
 }
 RUST_FILES = ["rust/format.rs", "rust/gather.rs", "rust/prefetch.rs", "rust/writer.rs", "rust/store.rs"]

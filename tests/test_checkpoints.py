@@ -21,6 +21,7 @@ from fastload.store import StoreWriter
 from fastload.train import fit
 from fastload.train.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.safety  # full disks, crashes and hostile files, every test here
 COUNT, SIDE = 40, 8
 # 36 training records in batches of 8: 5 steps an epoch.
 SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True)

@@ -14,6 +14,7 @@ from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import config as train_config
 from fastload.train import fit, format_epoch, runs_table
+from fastload.train import stacked
 from fastload.train import trainer as train_mod
 
 COUNT, SIDE = 40, 8
@@ -242,13 +243,13 @@ def _assert_close_parameters(a, b):
 
 def test_stacked_runs_end_close_to_the_runs_alone(store_path, monkeypatch):
     stacked_steps = []
-    step = train_mod.StackedStep.step
+    step = stacked.StackedStep.step
 
     def counted_step(self, *args):
         stacked_steps.append([t.name for t in self.trainers])
         step(self, *args)
 
-    monkeypatch.setattr(train_mod.StackedStep, "step", counted_step)
+    monkeypatch.setattr(stacked.StackedStep, "step", counted_step)
     runs = RUNS[:2] + [dict(name="third", lr=1e-2, seed=3)] + RUNS[2:]  # three of one architecture
     results = fastload.fit_many(store_path, runs, stack=True, **SHARED)
     assert stacked_steps == [["slow", "fast", "third"]] * 10  # small-lattice steps alone

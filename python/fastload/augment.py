@@ -212,6 +212,8 @@ class Augment:
       0, as torchvision's ColorJitter (applied in that order, each clamped to the valid range);
       brightness and contrast at most MAX_JITTER (100), saturation at most 1.
     - `seed`: with the epoch and the record index, what decides every draw.
+    - `spec`: the text `from_spec` made it from (None otherwise), which a training checkpoint
+      records; it changes no draw.
 
     Resampling is bilinear without antialiasing, so a crop shrunk more than 2x aliases where
     torchvision's antialiased resize would blur.
@@ -230,6 +232,7 @@ class Augment:
         contrast: float = 0.0,
         saturation: float = 0.0,
         seed: int = 0,
+        spec: Optional[str] = None,
     ):
         self.size = _size(size)
         self.scale = None if scale is None else _pair(scale, "scale")
@@ -248,6 +251,9 @@ class Augment:
         if not _whole(seed) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, not {seed!r}")
         self.seed = int(seed)
+        if spec is not None and not isinstance(spec, str):
+            raise TypeError(f"spec must be a str or None, not {type(spec).__name__}")
+        self.spec = spec
 
     @classmethod
     def from_spec(cls, spec: str, size: Union[None, int, Sequence[int]] = None, seed: int = 0) -> Augment:
@@ -280,12 +286,17 @@ class Augment:
                 options["degrees"] = 10.0 if value is None else value
             else:
                 options["translate"] = 0.1 if value is None else value
-        return cls(size=size, seed=seed, **options)
+        return cls(size=size, seed=seed, spec=spec, **options)
+
+    def with_size_and_seed(self, size: Union[None, int, Sequence[int]], seed: int) -> Augment:
+        """A copy of this augmentation with another output ``size`` and ``seed``: a training run
+        binds the one it was given to its image size and data seed without parsing it again."""
+        return type(self)(**{**vars(self), "size": size, "seed": seed})
 
     def __repr__(self) -> str:
         default = Augment.__new__(Augment)
         Augment.__init__(default)
-        changed = [f"{k}={v!r}" for k, v in vars(self).items() if vars(default)[k] != v]
+        changed = [f"{k}={v!r}" for k, v in vars(self).items() if k != "spec" and vars(default)[k] != v]
         return f"Augment({', '.join(changed)})"
 
     @property

@@ -6,7 +6,9 @@ The package's modules: ``config`` (:class:`TrainConfig`, every option checked in
 figures), ``data`` (the stores, their split and the stream of device batches), ``models``
 (every image model: :class:`MonotonicRegressor`, :class:`MonotonicClassifier`, and
 :func:`build_model`), ``trainer`` (one model's
-:class:`~fastload.train.trainer.Trainer` and the loop that feeds it), ``checkpoint`` (atomic
+:class:`~fastload.train.trainer.Trainer`), ``loop`` (the epoch loop that feeds trainers one
+stream), ``stacked`` (trainers of one architecture stepped as one vmapped model), ``schedule``
+(the learning rate of each step), ``checkpoint`` (atomic
 checkpoints tied to their stores), ``report`` (epoch lines and JSON logs).
 """
 
@@ -29,16 +31,11 @@ from fastload.store import PathLike, Store
 from fastload.train.checkpoint import load_checkpoint, load_group
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
+from fastload.train.loop import torch_settings, train, train_many
 from fastload.train.models import MonotonicClassifier, MonotonicRegressor, build_model, model_state_bytes
 from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
-from fastload.train.trainer import (
-    FitResult,
-    Trainer,
-    learning_rate,
-    torch_settings,
-    train,
-    train_many,
-)
+from fastload.train.schedule import learning_rate
+from fastload.train.trainer import FitResult, Trainer
 
 # What may differ between the runs of a fit_many group: the model and its optimization. The
 # rest shapes the shared data stream (or is the group's, like epochs and the device).
@@ -112,7 +109,7 @@ def fit_many(
     Runs step one after the other on each device batch, on one CUDA stream (the models are
     small: one Python thread queues their kernels in turn), each ending bitwise where it would
     alone. With ``stack``, runs that share an architecture (same named backbone, num_features and
-    lattice_size, amp off: ``trainer.stack_key``) take their forward and backward passes as one
+    lattice_size, amp off: ``stacked.stack_key``) take their forward and backward passes as one
     vmapped model, so one kernel launch serves them all; each keeps its own AdamW step. Stacked
     runs agree with the runs alone within float rounding (vmapped kernels may sum in another
     order), not bitwise, which is why stacking is asked for rather than the default. The models

@@ -49,7 +49,11 @@ class TrainConfig:
     ``dataclasses.replace(config, seed=...)`` keeps the data of ``config``). ``patience`` stops a
     run after that many epochs without a new best validation RMSE (cross-entropy when
     classifying). ``task`` is "regression", "classification" or None: classification when the
-    training store lists classes (``meta["class_names"]``), regression otherwise."""
+    training store lists classes (``meta["class_names"]``), regression otherwise. ``augment``
+    is a spec string (:meth:`~fastload.Augment.from_spec`) or the :class:`~fastload.Augment`
+    ``from_spec`` returns, and is an ``Augment`` once the config is made (parsed once; its
+    ``spec`` is what checkpoints record); its size and seed are the run's ``size`` and
+    ``data_seed``."""
 
     store: Union[Store, PathLike]
     val: Union[Store, PathLike, None] = None
@@ -76,7 +80,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_steps: Optional[int] = None
     patience: Optional[int] = None
-    augment: str = ""  # Augment.from_spec terms for the training batches; validation never
+    augment: Union[str, Augment] = ""  # the training batches'; validation is never augmented
     deterministic: bool = False
     threads: Optional[int] = None
     log: Optional[Callable[[dict], None]] = None
@@ -120,11 +124,7 @@ class TrainConfig:
         )
         if self.data_seed is None:
             self.data_seed = self.seed
-        if not isinstance(self.augment, str):
-            raise TypeError(
-                f"augment must be a spec string such as 'crop,flip', not {type(self.augment).__name__}"
-            )
-        Augment.from_spec(self.augment)  # a bad spec is refused before any data is read
+        self.augment = parse_augment(self.augment)  # a bad spec is refused before any data is read
         self.torch_device = resolve_device(self.device)
         if self.checkpoint is not None:
             self.checkpoint = fspath(self.checkpoint, "checkpoint")
@@ -141,6 +141,29 @@ class TrainConfig:
             "monotone inputs": self.monotone_inputs,
             "validation monotone inputs": self.val_monotone_inputs,
         }
+
+
+def parse_augment(augment: Union[str, Augment]) -> Augment:
+    """``augment`` as TrainConfig holds it: a spec string parsed, or an Augment that
+    ``Augment.from_spec`` made (its spec is what a checkpoint records) with no size or seed of
+    its own (the run's size and data seed replace them)."""
+    if isinstance(augment, str):
+        return Augment.from_spec(augment)
+    if not isinstance(augment, Augment):
+        raise TypeError(
+            f"augment must be a spec string such as 'crop,flip' or an Augment, not {type(augment).__name__}"
+        )
+    if augment.spec is None:
+        raise ValueError(
+            f"augment {augment!r}: give a spec string such as 'crop,flip' or Augment.from_spec(spec), "
+            "whose spec a checkpoint records"
+        )
+    if augment.size is not None or augment.seed != 0:
+        raise ValueError(
+            f"augment {augment!r}: its size and seed are the run's size and data_seed; "
+            f"give Augment.from_spec({augment.spec!r}) without them"
+        )
+    return augment
 
 
 def _integer_bounds() -> dict:

@@ -214,8 +214,8 @@ class DataStream:
         # Augmentation draws from (data seed, epoch, record): the same for every run of a stream.
         # Its crop comes out at the model's size; an empty spec keeps the plain path (and resize).
         augment = None
-        if Augment.from_spec(config.augment).active:
-            augment = Augment.from_spec(config.augment, size=config.size, seed=config.data_seed)
+        if config.augment.active:
+            augment = config.augment.with_size_and_seed(config.size, config.data_seed)
         normalized = {"mean": data.statistics["mean"], "std": data.statistics["std"]}
         self.train_batches = DeviceLoader(
             _make_loader(self.train_ds, config.workers, device), device, augment=augment, **normalized

@@ -1,10 +1,8 @@
-"""One model's training (:class:`Trainer`: model, optimizer, schedule, mixed precision, a step,
-evaluation, checkpoints) and the loop that feeds it a :class:`~fastload.train.data.DataStream`
-(:func:`train`).
-
-Every epoch reports the **data-wait fraction**: the share of the training wall time spent blocked
-in ``next()`` waiting for the next batch. Near 0 the loader keeps up and the model is the
-bottleneck; well above 0 the loader (or the disk under it) is.
+"""One model's training: :class:`Trainer` (model, optimizer, mixed precision, a step, the
+finite check, evaluation, what its checkpoint holds and the checks of one it resumes from) and
+:class:`FitResult`, what a run returns. The loop that feeds trainers their batches is
+:mod:`fastload.train.loop`; stacking trainers into one vmapped model is
+:mod:`fastload.train.stacked`.
 
 Checkpoints hold the model, optimizer, gradient scaler and dataset position, the epoch and step,
 the partial epoch's metrics, the RNG states and a fingerprint of the stores trained on. Resuming
@@ -17,31 +15,20 @@ evaluated or saved, so a diverged model never overwrites a good checkpoint.
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
-import itertools
-import math
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
 
 from fastload.errors import Diverged
 from fastload.monotonic import check_finite_parameters
-from fastload.progress import Progress
-from fastload.train.checkpoint import (
-    CHECKPOINT_FORMAT,
-    invalid_checkpoint,
-    rng_state,
-    save_group,
-    set_rng_state,
-)
+from fastload.train.checkpoint import CHECKPOINT_FORMAT, invalid_checkpoint, rng_state, set_rng_state
 from fastload.train.config import TrainConfig
-from fastload.train.data import DataStream, EpochMeter, TrainingData
+from fastload.train.data import EpochMeter, TrainingData
 from fastload.train.models import build_model, channels_last_convolutions, model_state_bytes
+from fastload.train.schedule import learning_rate
 from fastload.train.task import (
     CLASSIFICATION,
     PATIENCE_FIGURES,
@@ -52,9 +39,6 @@ from fastload.train.task import (
 )
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-WARMUP_SHARE = 0.05  # cosine schedule: linear warm-up over this share of the steps
-
-Batches = Iterator[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]
 
 
 @dataclass
@@ -77,26 +61,11 @@ class FitResult:
     baseline_accuracy: Optional[float] = None  # of always answering the commonest class (classification)
 
 
-@contextlib.contextmanager
-def torch_settings(config: TrainConfig):
-    """torch's deterministic mode and CPU threads as ``config`` asks, for the run only."""
-    previous_deterministic = torch.are_deterministic_algorithms_enabled()
-    previous_threads = torch.get_num_threads()
-    if config.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous_deterministic)
-        torch.set_num_threads(previous_threads)
-
-
 class Trainer:
     """One model trained on a run's data: built from ``config`` (its model options, seed,
     optimizer, schedule, precision, checkpoint) and ``data`` (the statistics it is built from),
-    resumed from ``saved`` when given. The loop (:func:`train`) hands it device batches."""
+    resumed from ``saved`` when given. The loop (:func:`~fastload.train.loop.train_many`) hands
+    it device batches."""
 
     def __init__(
         self,
@@ -192,7 +161,7 @@ class Trainer:
             "seed": config.seed,
             "data_seed": config.data_seed,
             "batch_size": config.batch_size,
-            "augment": config.augment,
+            "augment": config.augment.spec,
         }
 
     @property
@@ -223,6 +192,15 @@ class Trainer:
         self.stopped = why
         if self.options.log is not None and self.name is not None:
             self.options.log({**self._label(), "step": self.step, "stopped": why})
+
+    def guarded(self, action, *args) -> None:
+        """Runs ``action(*args)``; a divergence (:class:`Diverged`) stops this trainer only, the
+        others of its group go on."""
+        try:
+            action(*args)
+        except Diverged as exc:
+            self.diverged = exc
+            self.stop(f"diverged: {exc}")
 
     def _label(self) -> dict:
         return {} if self.name is None else {"run": self.name}
@@ -364,222 +342,6 @@ class Trainer:
         )
 
 
-def train(stream: DataStream, trainer: Trainer) -> FitResult:
-    """Trains ``trainer``'s model on ``stream`` (:func:`train_many` with one trainer); a model
-    that diverges raises :class:`Diverged`."""
-    (result,) = train_many(stream, [trainer])
-    if trainer.diverged is not None:
-        raise trainer.diverged
-    return result
-
-
-def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = False) -> List[FitResult]:
-    """Trains every trainer on the same batches of ``stream``, for the epochs their (shared)
-    options ask, from where their checkpoints stopped (all at the same dataset position).
-
-    Each device batch is fetched once and every running trainer takes its step on it, one after
-    the other on the current device stream (the host queues the kernels of one model after
-    another; the models do not wait for each other's results). A trainer that diverges or runs
-    out of ``patience`` stops alone; the others go on. With ``stack``, the trainers whose models
-    share an architecture (:func:`stack_key`) take their forward and backward pass together as
-    one vmapped model (:class:`StackedStep`), then each its own optimizer step."""
-    options, device = trainers[0].options, stream.device
-    for t in trainers:
-        t.model.train()
-    units = _step_units(trainers, stack)
-    for epoch in range(trainers[0].epoch, options.epochs):
-        running = [t for t in trainers if t.running]
-        if not running:
-            break
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)  # the epoch's peak, not the process's
-        started = [t.start_epoch(epoch) for t in running]
-        meters = [meter for meter, _ in started]
-        position = started[0][1]
-        steps = meters[0].steps
-        bar = Progress(
-            options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2
-        )
-        figures = functools.partial(_progress_figures, meters[0])
-        meter_of = {id(t): meter for t, meter in zip(running, meters)}
-        for x, y, m in stream.train_epoch(epoch, meters, position):
-            steps += 1
-            stepping = [t for t in running if t.running]
-            for unit in units:
-                if isinstance(unit, StackedStep):
-                    unit.step(x, y, m, meter_of)
-                elif unit.running:
-                    _guarded(unit, unit.train_step, x, y, m, meter_of[id(unit)])
-            due = [t for t in stepping if t.stopped is None and t.checkpoint_due()]
-            _save_checkpoints(epoch, [(t, stream.position(epoch, steps), meter_of[id(t)]) for t in due])
-            bar.update(steps, figures)
-            if not any(t.running for t in running):
-                break
-        else:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            bar.update(steps, figures, force=True)
-            bar.close()
-            _end_epoch(stream, epoch, [(t, meter) for t, meter in zip(running, meters) if t.running])
-            continue
-        bar.close()
-    for unit in units:
-        if isinstance(unit, StackedStep):
-            unit.unstack()
-    return [t.result(completed=t.epoch == options.epochs) for t in trainers]
-
-
-def stack_key(trainer: Trainer) -> Optional[tuple]:
-    """What trainers must share to be stacked (None: never stacked): a named backbone, its
-    width, the lattice, full precision. Learning rates, schedules, weight decays and seeds may
-    differ: each trainer keeps its own optimizer."""
-    o = trainer.options
-    if not isinstance(o.backbone, str) or o.amp != "off":
-        return None
-    return (o.backbone, o.num_features, o.lattice_size)
-
-
-def _step_units(trainers: Sequence[Trainer], stack: bool) -> list:
-    """The trainers as they step: alone, or (with ``stack``) stacked by architecture where two
-    or more share one."""
-    if not stack:
-        return list(trainers)
-    groups: dict = {}
-    for t in trainers:
-        key = stack_key(t)
-        groups.setdefault(id(t) if key is None else key, []).append(t)
-    return [StackedStep(group) if len(group) > 1 else group[0] for group in groups.values()]
-
-
-class StackedStep:
-    """The forward and backward passes of trainers whose models share an architecture, as one
-    model vmapped over runs (``torch.func``): each parameter and buffer of the runs is one
-    stacked tensor, and each run's model holds views of its slice, so its optimizer, checkpoint
-    and evaluation work unchanged. Gradients agree with the models' own within float rounding
-    (vmapped kernels may sum in another order), not bitwise."""
-
-    def __init__(self, trainers: List[Trainer]):
-        self.trainers: List[Trainer] = []
-        self.task = trainers[0].task  # the group's
-        self._stack(trainers)
-
-    def _stack(self, trainers: List[Trainer]) -> None:
-        self.unstack()
-        self.trainers = list(trainers)
-        models = [t.model for t in trainers]
-        self.params = _stack_into(models, "named_parameters")
-        self.buffers = _stack_into(models, "named_buffers")
-        self.base = copy.deepcopy(models[0]).to("meta")  # the module structure functional_call runs
-
-    def unstack(self) -> None:
-        """Gives each model its own storage again."""
-        for t in self.trainers:
-            for tensor in itertools.chain(t.model.parameters(), t.model.buffers()):
-                tensor.data = tensor.data.clone()
-
-    def _loss(self, params: dict, buffers: dict, x, y, m) -> torch.Tensor:
-        return loss(self.task, functional_call(self.base, (params, buffers), (x, m)), y)
-
-    def step(self, x, y, m, meter_of: dict) -> None:
-        """One step of every running trainer of the stack. A failure (a diverged model's
-        lattice lookup) stops the trainers whose parameters are no longer finite, and the
-        others take the step again without them."""
-        while True:
-            members = [t for t in self.trainers if t.running]
-            if not members:
-                return
-            if members != self.trainers:
-                self._stack(members)
-            before = {name: b.clone() for name, b in self.buffers.items()}  # BatchNorm updates them
-            try:
-                grads, losses = vmap(grad_and_value(self._loss), in_dims=(0, 0, None, None, None))(
-                    self.params, self.buffers, x, y, m
-                )
-            except (IndexError, RuntimeError):
-                for name, b in before.items():
-                    self.buffers[name].copy_(b)
-                for t in members:
-                    _guarded(t, t.check_finite, t.step + 1)
-                if all(t.running for t in members):
-                    raise
-                continue
-            break
-        for i, t in enumerate(members):
-            for name, p in t.model.named_parameters():
-                p.grad = grads[name][i]
-            t.apply_gradients(losses[i], len(y), meter_of[id(t)])
-
-
-def _stack_into(models: List[nn.Module], which: str) -> dict:
-    """name -> one tensor stacking ``which`` (named_parameters or named_buffers) of ``models``;
-    each model's tensor becomes a view of its slice."""
-    named = [dict(getattr(model, which)()) for model in models]
-    stacked = {name: torch.stack([n[name].detach() for n in named]) for name in named[0]}
-    for i, n in enumerate(named):
-        for name, tensor in n.items():
-            tensor.data = stacked[name][i]
-    return stacked
-
-
-def _guarded(trainer: Trainer, action, *args) -> None:
-    """Runs ``action`` of ``trainer``; a divergence stops that trainer only."""
-    try:
-        action(*args)
-    except Diverged as exc:
-        trainer.diverged = exc
-        trainer.stop(f"diverged: {exc}")
-
-
-def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, EpochMeter]]) -> None:
-    """Validates every trainer that finished ``epoch`` on one pass over the validation batches,
-    records its metrics and saves it."""
-    seconds = {id(t): meter.elapsed() for t, meter in finished}
-    for t, _ in finished:
-        _guarded(t, t.check_finite)
-    evaluated = [(t, meter) for t, meter in finished if t.stopped is None]
-    sums: List[Union[int, torch.Tensor]] = [0 for _ in evaluated]  # tensors after the first batch
-    count = 0
-    for t, _ in evaluated:
-        t.model.eval()
-    try:
-        for x, y, m in stream.validation():
-            for i, (t, _) in enumerate(evaluated):
-                sums[i] = sums[i] + t.errors(x, y, m)
-            count += len(y)
-    finally:
-        for t, _ in evaluated:
-            t.model.train()
-    # In a group, each run trains on every batch: all runs together train on the sum.
-    together = sum(m.samples / seconds[id(t)] for t, m in finished if seconds[id(t)] > 0)
-    metrics = [
-        t.end_epoch(epoch, meter, seconds[id(t)], total, count, together if t.name is not None else None)
-        for total, (t, meter) in zip(sums, evaluated)
-    ]
-    # The checkpoints first: a log that cannot be written (a full disk) must not lose the epoch.
-    _save_checkpoints(epoch + 1, [(t, None, None) for t, _ in evaluated])
-    for figures, (t, _) in zip(metrics, evaluated):
-        t.report(figures)
-
-
-def _save_checkpoints(
-    epoch: int, due: Sequence[Tuple[Trainer, Optional[dict], Optional[EpochMeter]]]
-) -> None:
-    """Saves the checkpoints of the trainers in ``due`` (each with its dataset position and
-    meter mid-epoch, None at the start of ``epoch``) as one group: all of them or none
-    (:func:`~fastload.train.checkpoint.save_group`), so a group always resumes from one common
-    step. A trainer whose parameters are no longer finite stops instead (a diverged model never
-    overwrites a good checkpoint)."""
-    group = []
-    for t, position, meter in due:
-        if t.options.checkpoint is None:
-            continue
-        _guarded(t, t.check_finite)
-        if t.stopped is None:
-            state = functools.partial(t.checkpoint_state, epoch, position, meter)
-            group.append((t.options.checkpoint, state))
-    save_group(group)
-
-
 def _state_problem(expected: dict, state: dict) -> Optional[str]:
     """How a saved ``state`` (name -> tensor) differs from the model's own ``expected``: a
     missing or unexpected name, or another shape; None when it fits."""
@@ -593,29 +355,6 @@ def _state_problem(expected: dict, state: dict) -> Optional[str]:
         if state[name].shape != tensor.shape:
             return f"{name} has shape {tuple(state[name].shape)}, the model's {tuple(tensor.shape)}"
     return None
-
-
-def _progress_figures(meter: EpochMeter) -> str:
-    """The progress bar's running loss, img/s and data-wait share (reading the loss waits for the device)."""
-    elapsed = max(meter.elapsed(), 1e-9)
-    loss = meter.loss_sum.item() / max(meter.samples, 1)
-    return (
-        f"loss {loss:.4g}, {meter.samples / elapsed:,.0f} img/s, data wait {100 * meter.wait / elapsed:.0f}%"
-    )
-
-
-def learning_rate(schedule: str, lr: float, step: int, total_steps: int) -> float:
-    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``: constant, or a
-    short linear warm-up then a cosine decay to 0, which tolerates a higher peak rate and ends
-    with small steps (on the demo's short runs it beat every constant rate tried). A function of
-    the step alone, so a resumed run follows the same curve."""
-    if schedule == "constant":
-        return lr
-    warmup = max(1, int(WARMUP_SHARE * total_steps))
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total_steps - warmup)
-    return lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def _gpu_metrics(device: torch.device) -> dict:
