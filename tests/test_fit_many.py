@@ -13,8 +13,7 @@ import fastload
 from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import config as train_config
-from fastload.train import fit, format_epoch, runs_table
-from fastload.train import stacked
+from fastload.train import fit, format_epoch, runs_table, stacked
 from fastload.train import trainer as train_mod
 
 COUNT, SIDE = 40, 8
