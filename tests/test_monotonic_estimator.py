@@ -13,8 +13,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from monotone_helpers import exact_columns, one_thread, randomize  # noqa: F401 (an autouse fixture)
 from test_checkpoints import disk_full_at
-from test_monotonic import _exact_columns, _one_thread, _randomize  # noqa: F401 (an autouse fixture)
 
 import fastload
 from fastload.monotonic import Lattice, LatticeClassifier, LatticeRegressor, plot_calibrators
@@ -165,7 +165,7 @@ def test_fit_runs_on_its_torch_threads_and_gives_them_back(monkeypatch):
 
 def _exact_features(model) -> set:
     """Features whose lattice dimension the layers keep exactly monotone under rounding."""
-    return {j for lattice in model.model_.lattices for j in _exact_columns(lattice)}
+    return {j for lattice in model.model_.lattices for j in exact_columns(lattice)}
 
 
 SPECS = st.sampled_from(["increasing", "decreasing", None, "concave", {"monotonicity": -1, "convexity": 1}])
@@ -192,7 +192,7 @@ def test_monotone_in_every_declared_feature_for_any_parameters(specs, categorica
         "monotonicity": 1 if categorical_increasing else None,
     }
     model = LatticeRegressor(features=features, max_iter=1, lattice_rank=3).fit(X, rng.normal(size=n))
-    _randomize(model.model_, seed, scale)
+    randomize(model.model_, seed, scale)
     exact = _exact_features(model)
     for j, feature in enumerate(model.features_):
         if not feature.monotonicity:

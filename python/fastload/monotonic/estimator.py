@@ -4,10 +4,10 @@ A practitioner with a table wants to say "the price never falls as the area grow
 with the distance to town" by column name, call ``fit`` and ``predict``, and trust that it holds
 for every row the model will ever see. These estimators are calibrated lattices (what TF
 Lattice and pytorch-lattice build): each feature goes through its own calibrator
-(:class:`~fastload.monotonic.layers.PWLCalibrator` over quantile keypoints of the data, or a
-:class:`~fastload.monotonic.layers.CategoricalCalibrator`) into a
-:class:`~fastload.monotonic.layers.Lattice` (a
-:class:`~fastload.monotonic.layers.LatticeEnsemble` past ``lattice_rank`` features), trained
+(:class:`~fastload.monotonic.PWLCalibrator` over quantile keypoints of the data, or a
+:class:`~fastload.monotonic.CategoricalCalibrator`) into a
+:class:`~fastload.monotonic.Lattice` (a
+:class:`~fastload.monotonic.LatticeEnsemble` past ``lattice_rank`` features), trained
 with Adam on the CPU from a fixed seed. The guarantees are the layers' (their module
 docstring): monotone by construction after every step, exactly under rounding in each
 calibrator and in a lattice's first monotone input, within a stated rounding bound in the others;
@@ -41,7 +41,7 @@ Lattice's calibrated linear model): weights are non-negative on monotone, convex
 features, so a convex (concave) feature makes the prediction itself convex (concave) in it
 between its first and last keypoint (the calibrators are constant outside), not only its
 calibrator; fewer interactions, faster to train. Monotone up to the rounding of
-its matrix product (:class:`~fastload.monotonic.layers.MonotoneLinear`), not exactly.
+its matrix product (:class:`~fastload.monotonic.MonotoneLinear`), not exactly.
 
 Multi-class: one lattice per class gives that class's score (its logit), and each score is
 monotone in the declared features; a softmax probability of one class is not (it also falls
@@ -70,18 +70,16 @@ from torch import nn
 
 from fastload.errors import NotFittedError
 from fastload.files import replace_atomically
-from fastload.monotonic.layers import (
+from fastload.monotonic.calibrators import CategoricalCalibrator, PWLCalibrator
+from fastload.monotonic.constraints import (
     CURVATURES,
-    CategoricalCalibrator,
-    Lattice,
-    LatticeEnsemble,
-    MonotoneLinear,
-    PWLCalibrator,
     as_direction,
     check_declared_buffer,
     check_finite_parameters,
     check_monotone,
 )
+from fastload.monotonic.lattice import Lattice, LatticeEnsemble
+from fastload.monotonic.linear import MonotoneLinear
 
 try:  # optional: with scikit-learn the estimators are its estimators (clone, tags, pipelines)
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -372,7 +370,7 @@ class _TableModel(nn.Module):
 
 class _Sweep(nn.Module):
     """``model`` with feature ``column`` replaced by ``sign`` times the swept values, the shape
-    :func:`~fastload.monotonic.layers.check_monotone` sweeps upward."""
+    :func:`~fastload.monotonic.check_monotone` sweeps upward."""
 
     def __init__(self, model: nn.Module, column: int, sign: int):
         super().__init__()
