@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import settings
@@ -93,3 +94,26 @@ def base_points(sizes, count: int, generator: torch.Generator) -> torch.Tensor:
 
 def make_optimizer(name: str, params):
     return torch.optim.SGD(params, lr=1.0) if name == "sgd" else torch.optim.Adam(params, lr=1.0)
+
+
+def three_feature_table(n: int = 300, seed: int = 0):
+    """Three features; y rises with x0, falls with x1 (concavely), wiggles with x2."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 1, (n, 3))
+    y = 2 * X[:, 0] - X[:, 1] ** 2 + 0.3 * np.sin(6 * X[:, 2]) + 0.05 * rng.normal(size=n)
+    return X, y
+
+
+def table_with_categories_and_gaps(n: int = 400, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    size = rng.choice(["small", "medium", "large"], n)
+    income = rng.uniform(0, 10, n)
+    y = {"small": 0.0, "medium": 1.0, "large": 3.0}
+    target = np.array([y[s] for s in size]) + 0.2 * income
+    income[:40] = np.nan  # missing, where the target is high
+    target[:40] = 6.0
+    code = rng.uniform(0, 1, n)
+    code[40:60] = -1.0  # a declared missing value
+    X = np.empty((n, 3), dtype=object)
+    X[:, 0], X[:, 1], X[:, 2] = size, income, code
+    return X, target
