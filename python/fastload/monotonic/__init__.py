@@ -8,7 +8,9 @@
   The image models built of them (``MonotonicRegressor``, which ``fastload train`` fits) are
   :mod:`fastload.train.models`'.
 * ``estimator``: ``LatticeRegressor`` and ``LatticeClassifier``, scikit-learn style estimators
-  for tables (arrays or DataFrames) with features declared by name.
+  for tables (arrays or DataFrames) with features declared by name. What they share: ``features``
+  (declarations, reading and encoding the columns, the target), ``fitting`` (the table model and
+  its training loop) and ``persistence`` (save and load, and what load refuses).
 * ``plot``: ``plot_calibrators``, a PNG of a fitted estimator's calibrators.
 
 The estimators and the plot load on first use, so importing the layers (as training does)

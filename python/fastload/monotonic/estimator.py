@@ -80,7 +80,6 @@ from fastload.monotonic.features import (
 )
 from fastload.monotonic.fitting import (
     TableModel,
-    build_table_model,
     monotone_violations,
     torch_threads,
     train_table_model,
@@ -207,7 +206,7 @@ class _LatticeEstimator(BaseEstimator):
         return int(self.random_state)
 
     def _build(self, num_outputs: int, seed: int) -> TableModel:
-        return build_table_model(
+        return TableModel(
             self.features_,
             self.keypoints_,
             self.categories_,

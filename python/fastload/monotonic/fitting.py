@@ -19,7 +19,7 @@ from fastload.monotonic.features import Feature
 from fastload.monotonic.lattice import Lattice, LatticeEnsemble
 from fastload.monotonic.linear import MonotoneLinear
 
-__all__ = ["TableModel", "build_table_model", "monotone_violations", "torch_threads", "train_table_model"]
+__all__ = ["TableModel", "monotone_violations", "torch_threads", "train_table_model"]
 
 
 @contextlib.contextmanager
@@ -39,7 +39,9 @@ def torch_threads(count: Optional[int]):
 
 
 class TableModel(nn.Module):
-    """Calibrators, one per feature, into ``num_outputs`` lattices (or ensembles). Its
+    """Calibrators, one per feature, into ``num_outputs`` lattices (or ensembles), or into a
+    monotone linear layer with ``kind="linear"``; initial values drawn from ``seed`` (the global
+    RNG is left as it was), a bad size or kind a ValueError naming it. Its
     ``constraints`` buffer, one row (monotonicity, convexity, categorical, missing) per
     feature, is checked against a loaded state, so a state cannot bring other constraints."""
 
@@ -55,46 +57,59 @@ class TableModel(nn.Module):
         seed: int,
         kind: str,
     ):
+        if int(lattice_size) < 2:
+            raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
+        if int(lattice_rank) < 1:
+            raise ValueError(f"lattice_rank must be >= 1, got {lattice_rank}")
+        if kind not in ("lattice", "linear"):
+            raise ValueError(f"kind must be 'lattice' or 'linear', got {kind!r}")
         super().__init__()
-        top = lattice_size - 1.0
-        calibrators: List[nn.Module] = []
-        for feature, points, cats in zip(features, keypoints, categories):
-            if feature.categorical:
-                calibrators.append(
-                    CategoricalCalibrator(
-                        len(cats), feature.monotonicity, 0.0, top, impute_missing=feature.missing
+        lattice_size, lattice_rank = int(lattice_size), int(lattice_rank)
+        with torch.random.fork_rng(devices=[]):  # lattices draw initial noise from the global RNG
+            torch.manual_seed(seed)
+            top = lattice_size - 1.0
+            calibrators: List[nn.Module] = []
+            for feature, points, cats in zip(features, keypoints, categories):
+                if feature.categorical:
+                    calibrators.append(
+                        CategoricalCalibrator(
+                            len(cats), feature.monotonicity, 0.0, top, impute_missing=feature.missing
+                        )
                     )
-                )
-            else:
-                calibrators.append(
-                    PWLCalibrator(
-                        input_keypoints=points,
-                        monotonicity=feature.monotonicity,
-                        output_min=0.0,
-                        output_max=top,
-                        convexity=feature.convexity,
-                        impute_missing=feature.missing,
+                else:
+                    calibrators.append(
+                        PWLCalibrator(
+                            input_keypoints=points,
+                            monotonicity=feature.monotonicity,
+                            output_min=0.0,
+                            output_max=top,
+                            convexity=feature.convexity,
+                            impute_missing=feature.missing,
+                        )
                     )
-                )
-        self.calibrators = nn.ModuleList(calibrators)
-        count = len(features)
-        self.linear = None
-        if kind == "linear":
-            # Non-negative weights keep each calibrator's direction and its convexity.
-            signs = [1 if f.monotonicity or f.convexity else 0 for f in features]
-            self.linear = MonotoneLinear(count, num_outputs, signs)
-        # Each calibrator turns its feature the declared way, so the lattice increases in it.
-        mono = [1 if f.monotonicity else 0 for f in features]
-        number, *sizes = self.lattice_shape(count, lattice_size, lattice_rank, num_lattices)
-        lattices: List[nn.Module] = []
-        for k in range(num_outputs if kind == "lattice" else 0):
-            if count <= lattice_rank:
-                lattices.append(Lattice(sizes, mono))
-            else:
-                lattices.append(LatticeEnsemble(count, lattice_rank, number, lattice_size, mono, seed + k))
-        self.lattices = nn.ModuleList(lattices)
-        constraints = [[f.monotonicity, f.convexity, int(f.categorical), int(f.missing)] for f in features]
-        self.register_buffer("constraints", torch.tensor(constraints, dtype=torch.int64))
+            self.calibrators = nn.ModuleList(calibrators)
+            count = len(features)
+            self.linear = None
+            if kind == "linear":
+                # Non-negative weights keep each calibrator's direction and its convexity.
+                signs = [1 if f.monotonicity or f.convexity else 0 for f in features]
+                self.linear = MonotoneLinear(count, num_outputs, signs)
+            # Each calibrator turns its feature the declared way, so the lattice increases in it.
+            mono = [1 if f.monotonicity else 0 for f in features]
+            number, *sizes = self.lattice_shape(count, lattice_size, lattice_rank, num_lattices)
+            lattices: List[nn.Module] = []
+            for k in range(num_outputs if kind == "lattice" else 0):
+                if count <= lattice_rank:
+                    lattices.append(Lattice(sizes, mono))
+                else:
+                    lattices.append(
+                        LatticeEnsemble(count, lattice_rank, number, lattice_size, mono, seed + k)
+                    )
+            self.lattices = nn.ModuleList(lattices)
+            constraints = [
+                [f.monotonicity, f.convexity, int(f.categorical), int(f.missing)] for f in features
+            ]
+            self.register_buffer("constraints", torch.tensor(constraints, dtype=torch.int64))
 
     @staticmethod
     def lattice_shape(
@@ -137,40 +152,6 @@ class _Sweep(nn.Module):
         x = x.clone()
         x[:, self.column] = self.sign * swept[:, 0]
         return self.model(x)
-
-
-def build_table_model(
-    features: Sequence[Feature],
-    keypoints: Sequence[Optional[Sequence[float]]],
-    categories: Sequence[Optional[Sequence[Any]]],
-    lattice_size: int,
-    lattice_rank: int,
-    num_lattices: Optional[int],
-    num_outputs: int,
-    seed: int,
-    kind: str,
-) -> TableModel:
-    """The estimator's model from what fit learned and its parameters, its initial values drawn
-    from ``seed`` (the global RNG is left as it was); ValueError naming a bad parameter."""
-    if int(lattice_size) < 2:
-        raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
-    if int(lattice_rank) < 1:
-        raise ValueError(f"lattice_rank must be >= 1, got {lattice_rank}")
-    if kind not in ("lattice", "linear"):
-        raise ValueError(f"kind must be 'lattice' or 'linear', got {kind!r}")
-    with torch.random.fork_rng(devices=[]):  # lattices draw initial noise from the global RNG
-        torch.manual_seed(seed)
-        return TableModel(
-            features,
-            keypoints,
-            categories,
-            int(lattice_size),
-            int(lattice_rank),
-            num_lattices,
-            num_outputs,
-            seed,
-            kind,
-        )
 
 
 def train_table_model(
