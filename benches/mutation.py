@@ -59,7 +59,17 @@ MODULES = {
         "tests/test_train_loop.py",
         "tests/test_checkpoints.py",
     ],
-    "monotonic/layers.py": ["tests/test_monotonic.py"],
+    "monotonic/constraints.py": [
+        "tests/test_monotonic_constraints.py",
+        "tests/test_monotonic_calibrators.py",
+        "tests/test_monotonic_lattice.py",
+    ],
+    "monotonic/calibrators.py": [
+        "tests/test_monotonic_calibrators.py",
+        "tests/test_monotonic_constraints.py",
+    ],
+    "monotonic/linear.py": ["tests/test_monotonic_linear.py", "tests/test_monotonic_constraints.py"],
+    "monotonic/lattice.py": ["tests/test_monotonic_lattice.py", "tests/test_monotonic_constraints.py"],
 }
 RUST_FILES = ["rust/format.rs", "rust/gather.rs", "rust/prefetch.rs", "rust/writer.rs", "rust/store.rs"]
 # The Rust unit tests that reach those files (pack's, augment's and recycle's reach none of them).

@@ -44,7 +44,7 @@ def test_quick_table_has_a_row_per_task_and_method(bench):
     for row in rows:
         if row.method.startswith("fastload") and row.task != "tabular 8-D":
             # A calibrator, and a lattice in its first monotone input, are monotone under rounding
-            # (fastload.monotonic.layers' docstring); the regressor's affine unscaling keeps it.
+            # (fastload.monotonic.constraints' docstring); the regressor's affine unscaling keeps it.
             assert row.worst_grid == row.worst_pairs == 0.0, row
         if row.method.startswith("fastload") or row.method.startswith("sklearn"):
             assert row.worst_grid <= 1e-5 and row.worst_pairs <= 1e-5, row

@@ -1,11 +1,16 @@
 """Monotone models: layers whose monotonicity holds by construction, and tabular estimators.
 
-* ``layers``: the building blocks (``PWLCalibrator``, ``CategoricalCalibrator``,
-  ``MonotoneLinear``, ``Lattice``, ``LatticeEnsemble``) and the checks ``check_monotone`` and
-  ``check_finite_parameters``. The image models built of them (``MonotonicRegressor``, which
-  ``fastload train`` fits) are :mod:`fastload.train.models`'. Its docstring states the guarantees, rounding included.
+* ``constraints``: how the layers stay monotone (the maps from free parameters, the
+  guarantees they give, rounding included, in its docstring) and the checks ``check_monotone``
+  and ``check_finite_parameters``.
+* ``calibrators`` (``PWLCalibrator``, ``CategoricalCalibrator``), ``linear``
+  (``MonotoneLinear``) and ``lattice`` (``Lattice``, ``LatticeEnsemble``): the building blocks.
+  The image models built of them (``MonotonicRegressor``, which ``fastload train`` fits) are
+  :mod:`fastload.train.models`'.
 * ``estimator``: ``LatticeRegressor`` and ``LatticeClassifier``, scikit-learn style estimators
-  for tables (arrays or DataFrames) with features declared by name.
+  for tables (arrays or DataFrames) with features declared by name. What they share: ``features``
+  (declarations, reading and encoding the columns, the target), ``fitting`` (the table model and
+  its training loop) and ``persistence`` (save and load, and what load refuses).
 * ``plot``: ``plot_calibrators``, a PNG of a fitted estimator's calibrators.
 
 The estimators and the plot load on first use, so importing the layers (as training does)
@@ -16,15 +21,10 @@ from __future__ import annotations
 
 import importlib
 
-from fastload.monotonic.layers import (
-    CategoricalCalibrator,
-    Lattice,
-    LatticeEnsemble,
-    MonotoneLinear,
-    PWLCalibrator,
-    check_finite_parameters,
-    check_monotone,
-)
+from fastload.monotonic.calibrators import CategoricalCalibrator, PWLCalibrator
+from fastload.monotonic.constraints import check_finite_parameters, check_monotone
+from fastload.monotonic.lattice import Lattice, LatticeEnsemble
+from fastload.monotonic.linear import MonotoneLinear
 
 _LAZY = {
     "LatticeClassifier": "fastload.monotonic.estimator",

@@ -15,7 +15,7 @@ import torch
 
 from fastload._checks import import_optional
 from fastload.files import replace_atomically
-from fastload.monotonic.layers import CategoricalCalibrator
+from fastload.monotonic.calibrators import CategoricalCalibrator
 
 __all__ = ["plot_calibrators"]
 

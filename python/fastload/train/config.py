@@ -17,7 +17,7 @@ from torch import nn
 from fastload._checks import fspath, is_int
 from fastload.augment import Augment
 from fastload.inspect import machine_memory, usable_cores
-from fastload.monotonic.layers import check_lattice_size
+from fastload.monotonic.lattice import check_lattice_size
 from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_checkpoint_path

@@ -13,13 +13,9 @@ import torch
 from torch import nn
 
 from fastload._checks import import_optional
-from fastload.monotonic.layers import (
-    Lattice,
-    LatticeEnsemble,
-    PWLCalibrator,
-    check_inputs,
-    check_lattice_size,
-)
+from fastload.monotonic.calibrators import PWLCalibrator
+from fastload.monotonic.constraints import check_inputs
+from fastload.monotonic.lattice import Lattice, LatticeEnsemble, check_lattice_size
 from fastload.options import BACKBONES
 from fastload.train.task import CLASSIFICATION
 

@@ -1,0 +1,390 @@
+"""Tests for fastload.monotonic.lattice: Lattice and LatticeEnsemble are monotone for any
+parameters (exactly in the first monotone input, within the stated rounding bound in the
+others), interpolate their vertices, give every parameter a gradient, draw distinct subsets,
+and refuse tables past the size limit before building them."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from monotone_helpers import (
+    PROPERTY,
+    SCALES,
+    assert_nondecreasing,
+    base_points,
+    exact_columns,
+    one_thread,  # noqa: F401 (an autouse fixture)
+    randomize,
+    sweep,
+    sweep_values,
+)
+from sklearn.isotonic import IsotonicRegression
+from torch import nn
+
+import fastload.monotonic.lattice as lattice_module
+from fastload.monotonic import Lattice, LatticeEnsemble
+from fastload.monotonic.lattice import isotonic_fit
+from fastload.train.models import MonotonicRegressor
+
+
+@PROPERTY
+@given(
+    sizes=st.lists(st.integers(2, 4), min_size=1, max_size=3),
+    data=st.data(),
+    bounded=st.booleans(),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_lattice_is_monotone_for_any_parameters(sizes, data, bounded, scale, seed):
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=len(sizes), max_size=len(sizes)))
+    lattice = Lattice(sizes, mono, *((0.0, 1.0) if bounded else (None, None)))
+    randomize(lattice, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    base = base_points(sizes, 8, generator)
+    with torch.no_grad():
+        for d in (d for d, m in enumerate(mono) if m):
+            y = sweep(lattice, base, d, sweep_values(-1, sizes[d], generator))
+            assert_nondecreasing(mono[d] * y, eps=0.0 if d in exact_columns(lattice) else 1e-5)
+
+
+@PROPERTY
+@given(
+    num_inputs=st.integers(2, 6),
+    data=st.data(),
+    lattice_size=st.integers(2, 3),
+    scale=SCALES,
+    seed=st.integers(0, 2**16),
+)
+def test_ensemble_is_monotone_for_any_parameters(num_inputs, data, lattice_size, scale, seed):
+    rank = data.draw(st.integers(1, min(3, num_inputs)))
+    count = math.ceil(num_inputs / rank) + data.draw(st.integers(0, 2))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=num_inputs, max_size=num_inputs))
+    ensemble = LatticeEnsemble(num_inputs, rank, count, lattice_size, mono, seed=seed)
+    randomize(ensemble, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    base = base_points([lattice_size] * num_inputs, 8, generator)
+    values = sweep_values(-1, lattice_size, generator)
+    with torch.no_grad():
+        for d in (d for d, m in enumerate(mono) if m):
+            y = sweep(ensemble, base, d, values)
+            assert_nondecreasing(mono[d] * y, eps=0.0 if d in exact_columns(ensemble) else 1e-5)
+
+
+def test_bounded_lattice_first_monotone_input_is_exact_for_200_seeds():
+    """torch.sigmoid rounds its vectorised body and its tail differently; applied after the
+    monotone fit it split their exact ties and 29 of these 200 lattices decreased by up to 6e-8."""
+    values = torch.linspace(-0.1, 2.1, 301)
+    worst = 0.0
+    for seed in range(200):
+        torch.manual_seed(seed)
+        lattice = Lattice([3, 3, 3, 3], [1, 0, 0, 0], 0.0, 1.0)
+        generator = torch.Generator().manual_seed(seed)
+        base = base_points([3] * 4, 64, generator)
+        with torch.no_grad():
+            lattice.bank.raw.copy_(3 * torch.randn(lattice.bank.raw.shape, generator=generator))
+            y = sweep(lattice, base, 0, values)
+        worst = max(worst, (y[:-1] - y[1:]).max().item())
+    assert worst <= 0.0
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return 2.0**-53 if dtype == torch.float64 else 2.0**-24
+
+
+def _rounding_bound(module: nn.Module, dtype: torch.dtype = torch.float32) -> float:
+    """The module docstring's bound on a decrease along a later monotone input."""
+    values = module.bank.vertex_values(dtype)
+    rank = len(module.bank.sizes)
+    terms = 6 * rank + 4 + (2 * values.shape[0] if isinstance(module, LatticeEnsemble) else 0)
+    return terms * _unit_roundoff(dtype) * values.abs().max().item()
+
+
+def _worst_decrease(module: nn.Module, sizes, columns, dtype, generator) -> float:
+    base = base_points(sizes, 16, generator).to(dtype)
+    worst = 0.0
+    with torch.no_grad():
+        for d in columns:
+            y = sweep(module, base, d, sweep_values(-1, sizes[d], generator).to(dtype))
+            worst = max(worst, (y[:-1] - y[1:]).max().item())
+    return worst
+
+
+@PROPERTY
+@given(
+    rank=st.integers(2, 4),
+    size=st.integers(2, 3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    scale=st.sampled_from([1.0, 1e4, 8e6, 1e30]),
+    seed=st.integers(0, 2**16),
+)
+def test_later_monotone_inputs_stay_within_the_rounding_bound(rank, size, dtype, scale, seed):
+    """All inputs monotone, vertex values huge and of both signs, so outputs cancel."""
+    lattice = Lattice([size] * rank, [1] * rank).to(dtype)
+    randomize(lattice, seed, scale)
+    worst = _worst_decrease(
+        lattice, [size] * rank, range(1, rank), dtype, torch.Generator().manual_seed(seed)
+    )
+    assert worst <= _rounding_bound(lattice, dtype)
+
+
+@PROPERTY
+@given(num_inputs=st.integers(3, 6), scale=st.sampled_from([1.0, 8e6, 1e30]), seed=st.integers(0, 2**16))
+def test_ensemble_later_monotone_inputs_stay_within_the_rounding_bound(num_inputs, scale, seed):
+    ensemble = LatticeEnsemble(num_inputs, 3, num_inputs, 3, [1] * num_inputs, seed=seed)
+    randomize(ensemble, seed, scale)
+    generator = torch.Generator().manual_seed(seed)
+    worst = _worst_decrease(ensemble, [3] * num_inputs, range(num_inputs), torch.float32, generator)
+    assert worst <= _rounding_bound(ensemble)
+
+
+def test_rounding_bound_holds_after_large_step_training():
+    """Adam at lr=1e6 drives vertex values to ~1e7, where a later input once lost 16 ulp."""
+    torch.manual_seed(0)
+    lattice = Lattice([3, 3, 3, 3], [1, 1, 1, 1])
+    opt = torch.optim.Adam(lattice.parameters(), lr=1e6)
+    for _ in range(20):
+        x = 2 * torch.rand(256, 4)
+        loss = -(lattice(x) * torch.randn(256)).mean()  # pushes vertices every which way
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert lattice.vertex_values().abs().max() > 1e6
+    worst = _worst_decrease(lattice, [3] * 4, range(1, 4), torch.float32, torch.Generator().manual_seed(0))
+    assert worst <= _rounding_bound(lattice)
+
+
+@pytest.mark.parametrize("bounds", [(None, None), (0.0, 1.0)])
+def test_lattice_passes_through_vertices(bounds):
+    sizes = [3, 2, 4]
+    lattice = Lattice(sizes, [1, 0, 1], *bounds)
+    randomize(lattice, seed=0, scale=1.0)
+    vertices = torch.tensor(list(itertools.product(*map(range, sizes))), dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(lattice(vertices), lattice.vertex_values().flatten())
+
+
+def test_lattice_matches_bilinear_formula():
+    lattice = Lattice([3, 4], [1, 1])
+    randomize(lattice, seed=1, scale=1.0)
+    x = torch.tensor([[0.3, 2.6], [1.5, 0.2], [2.0, 1.9]])
+    with torch.no_grad():
+        v = lattice.vertex_values()
+        expected = []
+        for a, b in x.tolist():
+            i, j = min(int(a), 1), min(int(b), 2)
+            fa, fb = a - i, b - j
+            expected.append(
+                (1 - fa) * (1 - fb) * v[i, j]
+                + fa * (1 - fb) * v[i + 1, j]
+                + (1 - fa) * fb * v[i, j + 1]
+                + fa * fb * v[i + 1, j + 1]
+            )
+        torch.testing.assert_close(lattice(x), torch.stack(expected))
+
+
+def test_lattice_parametrization_is_identity_on_monotone_lattices():
+    """Any monotone lattice is reachable: the monotone fit leaves an already monotone one unchanged."""
+    lattice = Lattice([3, 4, 2], [1, 0, 1])
+    values = torch.randn(3, 4, 2).cummax(0).values.cummax(2).values
+    with torch.no_grad():
+        lattice.bank.raw.copy_(values[None])
+    torch.testing.assert_close(lattice.vertex_values().detach(), values)
+
+
+@PROPERTY
+@given(
+    values=st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=12),
+)
+def test_isotonic_fit_matches_sklearn(values):
+    """The lattice's monotone fit is the least-squares isotonic regression, non-decreasing."""
+    y = torch.tensor(values, dtype=torch.float64)
+    fit = isotonic_fit(y[None], 1)[0]
+    expected = IsotonicRegression().fit_transform(np.arange(len(values)), np.array(values))
+    np.testing.assert_allclose(fit.numpy(), expected, rtol=1e-9, atol=1e-9)
+    assert (fit.diff() >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        Lattice([3, 4, 3], [1, 0, 1]),
+        Lattice([3, 3], [1, 1], 0.0, 1.0),
+        LatticeEnsemble(5, 3, 4, 3, [1, 1, 0, 1, 0]),
+    ],
+    ids=["lattice", "bounded", "ensemble"],
+)
+def test_every_lattice_parameter_gets_gradient(module):
+    """Random (far from monotone) free values: the running max and min used before passed gradient
+    only to their records (36% of the first lattice's values got none); the isotonic fit reaches
+    each one."""
+    randomize(module, seed=5, scale=3.0)
+    generator = torch.Generator().manual_seed(5)
+    bank = module.bank
+    weights = torch.randn(bank.raw.shape, generator=generator)
+    (bank.vertex_values(torch.float32) * weights).sum().backward()
+    assert (bank.raw.grad != 0).all(), f"{(bank.raw.grad == 0).sum().item()} values got no gradient"
+
+
+def test_lattice_can_represent_max():
+    """max(a, b) is monotone but submodular, out of reach of chained cumulative sums."""
+    lattice = Lattice([2, 2], [1, 1])
+    with torch.no_grad():
+        lattice.bank.raw.copy_(torch.tensor([[[0.0, 1.0], [1.0, 1.0]]]))
+        corners = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+        torch.testing.assert_close(lattice(corners), torch.tensor([0.0, 1.0, 1.0, 1.0]))
+
+
+def test_lattice_clamps_outside_the_domain():
+    lattice = Lattice([3, 3], [1, 0])
+    randomize(lattice, seed=2, scale=1.0)
+    with torch.no_grad():
+        inside = lattice(torch.tensor([[0.0, 2.0], [2.0, 0.0], [1.0, 1.5]]))
+        outside = lattice(torch.tensor([[-5.0, 9.0], [7.0, -0.5], [1.0, 1.5]]))
+    torch.testing.assert_close(outside, inside)
+
+
+def test_lattice_is_exactly_monotone_on_a_dense_sweep():
+    """Its first monotone input never lowers the output, even by a rounding error."""
+    lattice = Lattice([3, 3, 3, 3], [0, 0, 1, 1], 0.0, 1.0)
+    randomize(lattice, seed=3, scale=1.0)
+    generator = torch.Generator().manual_seed(3)
+    base = base_points([3] * 4, 32, generator)
+    values = torch.linspace(-0.1, 2.1, 2001)
+    with torch.no_grad():
+        assert_nondecreasing(sweep(lattice, base, 2, values), eps=0.0)
+        assert_nondecreasing(sweep(lattice, base, 3, values), eps=1e-5)
+
+
+def test_ensemble_uses_every_input_and_is_deterministic():
+    mono = [1, 0, 0, 1, 0, 1, 0]
+    ensemble = LatticeEnsemble(7, 3, 5, 3, mono, seed=4)
+    index = ensemble.input_index
+    assert sorted(set(index.flatten().tolist())) == list(range(7))
+    assert all(len(set(row)) == 3 for row in index.tolist())
+    assert torch.equal(index, LatticeEnsemble(7, 3, 5, 3, mono, seed=4).input_index)
+    assert torch.equal(ensemble.bank._monotone, torch.tensor(mono, dtype=torch.bool)[index])
+    # Monotone inputs come first in each lattice: that one is exactly monotone under rounding.
+    assert all(row == sorted(row, key=lambda i: (-abs(mono[i]), i)) for row in index.tolist())
+
+
+def test_ensemble_of_the_issue_draws_four_distinct_subsets():
+    """LatticeEnsemble(8, 4, 4, ...) with seed 0 drew [2, 3, 4, 6] and [0, 1, 5, 7] twice each."""
+    rows = LatticeEnsemble(8, 4, 4, 3, [1, 1, 1, -1, 0, 0, 0, 0], seed=0).input_index.tolist()
+    assert len({frozenset(row) for row in rows}) == 4, rows
+
+
+@PROPERTY
+@given(num_inputs=st.integers(1, 8), data=st.data(), seed=st.integers(0, 2**16))
+def test_ensemble_subsets_are_distinct_when_they_can_be(num_inputs, data, seed):
+    """A repeated subset only repeats a lattice; it must not happen while a new one exists."""
+    rank = data.draw(st.integers(1, num_inputs))
+    count = data.draw(st.integers(math.ceil(num_inputs / rank), math.ceil(num_inputs / rank) + 6))
+    mono = data.draw(st.lists(st.integers(-1, 1), min_size=num_inputs, max_size=num_inputs))
+    rows = LatticeEnsemble(num_inputs, rank, count, 2, mono, seed=seed).input_index.tolist()
+    subsets = [frozenset(row) for row in rows]
+    assert len(set(subsets)) == min(count, math.comb(num_inputs, rank)), rows
+    assert set().union(*subsets) == set(range(num_inputs))
+    assert all(len(row) == rank for row in subsets)
+    assert all(row == sorted(row, key=lambda i: (-abs(mono[i]), i)) for row in rows)
+    assert rows == LatticeEnsemble(num_inputs, rank, count, 2, mono, seed=seed).input_index.tolist()
+
+
+def test_ensemble_loads_a_state_saved_with_repeated_subsets(monkeypatch):
+    """States saved before subsets were made distinct hold the old draw; they load as they were
+    saved, into the parameter an optimizer may already hold, and stay monotone."""
+    mono = [1, 1, 1, -1, 0, 0, 0, 0]
+    with monkeypatch.context() as patch:  # what older versions built
+        patch.setattr(
+            lattice_module, "_draw_subsets", functools.partial(lattice_module._draw_subsets, distinct=False)
+        )
+        saved = LatticeEnsemble(8, 4, 4, 3, mono, seed=0)
+    legacy = saved.input_index
+    assert len({frozenset(row) for row in legacy.tolist()}) == 2
+    randomize(saved, seed=1, scale=1.0)
+    model = LatticeEnsemble(8, 4, 4, 3, mono, seed=0).double()
+    assert not torch.equal(model.input_index, legacy)
+    raw = model.bank.raw
+    model.load_state_dict(saved.state_dict())
+    assert model.bank.raw is raw and raw.dtype == torch.float64
+    assert torch.equal(model.input_index, legacy)
+    assert torch.equal(model.bank._monotone, saved.bank._monotone)
+    x = 2 * torch.rand(64, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), saved.double()(x))
+    with pytest.raises(ValueError, match="input subsets"):  # another seed's draw is still refused
+        LatticeEnsemble(8, 4, 4, 3, mono, seed=1).load_state_dict(saved.state_dict())
+
+
+def test_ensemble_averages_its_lattices():
+    ensemble = LatticeEnsemble(5, 2, 4, 3, [1, 0, 1, 0, 0], seed=1)
+    randomize(ensemble, seed=0, scale=1.0)
+    x = 2 * torch.rand(6, 5)
+    with torch.no_grad():
+        vertex_values = ensemble.bank.vertex_values(torch.float32)
+        expected = []
+        for values, index in zip(vertex_values, ensemble.input_index.tolist()):
+            # An all-free lattice keeps its raw values as vertex values.
+            single = Lattice([3, 3], [0, 0])
+            single.bank.raw.copy_(values[None])
+            expected.append(single(x[:, index]))
+        torch.testing.assert_close(ensemble(x), torch.stack(expected).mean(0))
+
+
+def test_decreasing_lattice_input_is_the_flipped_increasing_one():
+    increasing, decreasing = Lattice([3, 4], [1, 0]), Lattice([3, 4], ["decreasing", 0])
+    randomize(increasing, seed=0, scale=1.0)
+    decreasing.load_state_dict(increasing.state_dict())
+    x = torch.tensor([[0.3, 2.6], [1.5, 0.2], [2.0, 1.9], [-4.0, 1.0], [9.0, 3.0]])
+    flipped = x.clone()
+    flipped[:, 0] = 2 - x[:, 0]
+    with torch.no_grad():
+        torch.testing.assert_close(decreasing(x), increasing(flipped))
+        # vertex_values is indexed by the input: the vertex at input 0 is the flipped lattice's last.
+        torch.testing.assert_close(decreasing.vertex_values(), increasing.vertex_values().flip(0))
+        vertices = torch.tensor(list(itertools.product(range(3), range(4))), dtype=torch.float32)
+        torch.testing.assert_close(decreasing(vertices), decreasing.vertex_values().flatten())
+
+
+@pytest.mark.parametrize("module", ["lattice", "ensemble"])
+def test_lattice_gradcheck(module):
+    torch.manual_seed(0)
+    if module == "lattice":
+        model, num_inputs, size = Lattice([3, 2, 4], [1, 0, 1]).double(), 3, 4
+    else:
+        model, num_inputs, size = LatticeEnsemble(4, 2, 3, 3, [1, 0, 1, 0]).double(), 4, 3
+    sizes = model.bank.sizes if module == "lattice" else [size] * num_inputs
+    upper = torch.tensor(sizes, dtype=torch.float64) - 1
+    # Away from cell faces, where the interpolant has kinks.
+    cell = (torch.rand(5, num_inputs, dtype=torch.float64) * upper).floor()
+    x = cell + 0.1 + 0.8 * torch.rand(5, num_inputs, dtype=torch.float64)
+    raw = torch.randn(model.bank.raw.shape, dtype=torch.float64)
+
+    def fn(x, raw):
+        return torch.func.functional_call(model, {"bank.raw": raw}, (x,))
+
+    assert torch.autograd.gradcheck(fn, (x.requires_grad_(), raw.requires_grad_()))
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Lattice([1000] * 4, [0] * 4),
+        lambda: Lattice([2] * 40, [0] * 40),
+        lambda: LatticeEnsemble(8, 4, 4, 100, [0] * 8),
+        lambda: MonotonicRegressor(num_features=10**8),
+        lambda: MonotonicRegressor(lattice_size=1000),
+    ],
+    ids=["lattice-size-1000", "40-dimensions", "ensemble-size-100", "10**8-features", "regressor-size-1000"],
+)
+def test_a_lattice_past_the_size_limit_is_refused_before_it_is_built(build):
+    # Each would allocate from gigabytes to terabytes; the count is made from the sizes first.
+    with pytest.raises(ValueError, match=r"would build tables of .* entries .* \(MAX_LATTICE_ENTRIES\)"):
+        build()

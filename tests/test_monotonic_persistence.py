@@ -1,0 +1,196 @@
+"""Tests for fastload.monotonic.persistence: an estimator saved and loaded predicts the same;
+altered, hostile or unexpected files are refused before anything is built, and no code from a
+file runs; a full disk keeps the old file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from monotone_helpers import (
+    one_thread,  # noqa: F401 (an autouse fixture)
+    table_with_categories_and_gaps,
+    three_feature_table,
+)
+from test_checkpoints import disk_full_at
+
+from fastload.monotonic import Lattice, LatticeClassifier, LatticeRegressor
+
+
+def test_save_and_load_round_trip(tmp_path):
+    X, y = table_with_categories_and_gaps()
+    declared = {
+        "x0": {"categories": ["small", "medium", "large"], "monotonicity": 1},
+        "x1": {"missing": True},
+    }
+    model = LatticeRegressor(features=declared, max_iter=20).fit(X, y)
+    model.save(tmp_path / "model.pt")
+    loaded = LatticeRegressor.load(tmp_path / "model.pt", features={"x0": declared["x0"]})
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    assert loaded.get_params() == model.get_params()
+    labels = (y > 2).astype(int)
+    classifier = LatticeClassifier(features={0: "categorical", 1: {"missing": True}}, max_iter=20).fit(
+        X, labels
+    )
+    classifier.save(tmp_path / "classifier.pt")
+    again = LatticeClassifier.load(tmp_path / "classifier.pt")
+    np.testing.assert_array_equal(again.predict_proba(X), classifier.predict_proba(X))
+    np.testing.assert_array_equal(again.classes_, classifier.classes_)
+    with pytest.raises(ValueError, match="holds a LatticeClassifier, not a LatticeRegressor"):
+        LatticeRegressor.load(tmp_path / "classifier.pt")
+
+
+def _tamper(path, edit):
+    data = torch.load(path, weights_only=True)
+    edit(data)
+    torch.save(data, path)
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["state"]["constraints"].fill_(0), "declared with feature constraints"),
+        (lambda d: d["features"][0].update(monotonicity=0), "disagree with its declaration"),
+        (lambda d: d["params"].update(features={"x1": "decreasing"}), "disagree with its declaration"),
+        (lambda d: d["state"].pop("constraints"), "Missing key"),
+    ],
+    ids=["state", "features", "params", "no-constraints"],
+)
+def test_a_file_with_altered_constraints_is_refused(tmp_path, edit, message):
+    X, y = three_feature_table(60)
+    LatticeRegressor(features={"x0": "increasing", "x1": "decreasing"}, max_iter=2).fit(X, y).save(
+        tmp_path / "m.pt"
+    )
+    _tamper(tmp_path / "m.pt", edit)
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        LatticeRegressor.load(tmp_path / "m.pt")
+
+
+def test_load_refuses_a_model_without_the_expected_constraints(tmp_path):
+    X, y = three_feature_table(60)
+    LatticeRegressor(features={"x0": "increasing"}, max_iter=2).fit(X, y).save(tmp_path / "m.pt")
+    with pytest.raises(ValueError, match="'x1': monotonicity: expected decreasing, the file has none"):
+        LatticeRegressor.load(tmp_path / "m.pt", features={"x0": "increasing", "x1": "decreasing"})
+    with pytest.raises(ValueError, match="declares 'age'"):
+        LatticeRegressor.load(tmp_path / "m.pt", features={"age": "increasing"})
+
+
+@pytest.mark.safety
+def test_a_full_disk_during_save_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    X, y = three_feature_table(60)
+    model = LatticeRegressor(max_iter=2).fit(X, y)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    before = path.read_bytes()
+    disk_full_at(monkeypatch, 1)
+    with pytest.raises(OSError, match=rf"cannot write the model file {path}: No space left on device$"):
+        model.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"] and path.read_bytes() == before
+
+
+def _ensemble_file(tmp_path, **params):
+    """A saved regressor: over 3 features, one lattice (1, 2, 2, 2); over 5 features with
+    lattice_rank 2, an ensemble of 5 lattices (5, 2, 2)."""
+    columns = 5 if params.get("lattice_rank") == 2 else 3
+    X = np.random.default_rng(0).uniform(0, 1, (60, columns))
+    LatticeRegressor(max_iter=2, **params).fit(X, X.sum(1)).save(tmp_path / "m.pt")
+    return tmp_path / "m.pt"
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    ("params", "edit", "message"),
+    [
+        (
+            {},
+            {"lattice_size": 150},
+            r"lattice_size 150 declares lattices of shape \(1, 150, 150, 150\), but its "
+            r"parameters hold \(1, 2, 2, 2\)",
+        ),
+        ({}, {"lattice_size": 3}, r"lattice_size 3 declares lattices of shape \(1, 3, 3, 3\)"),
+        ({}, {"lattice_rank": 1}, r"lattice_rank 1 declares lattices of shape \(6, 2\)"),
+        (
+            {"lattice_rank": 2},
+            {"num_lattices": 10**6},
+            r"num_lattices 1000000 declares lattices of shape \(1000000, 2, 2\)",
+        ),
+        ({"kind": "linear"}, {"kind": "lattice"}, "its kind 'lattice' declares lattices, but it holds none"),
+        ({}, {"lattice_size": "big"}, "lattice_size 'big' is not a positive integer"),
+    ],
+    ids=["lattice_size-150", "lattice_size-3", "lattice_rank", "num_lattices", "kind", "not-a-number"],
+)
+def test_a_file_declaring_other_sizes_than_it_holds_is_refused_before_building(
+    tmp_path, params, edit, message
+):
+    path = _ensemble_file(tmp_path, **params)
+    _tamper(path, lambda d: d["params"].update(edit))
+    with pytest.raises(ValueError, match=rf"^{path}: .*{message}"):
+        LatticeRegressor.load(path)
+
+
+@pytest.mark.safety
+def test_load_runs_no_code_from_the_file(tmp_path):
+    torch.save(
+        {"format": "fastload.monotonic.estimator/1", "payload": Lattice([2], [1])}, tmp_path / "evil.pt"
+    )
+    with pytest.raises(Exception, match="[Ww]eights only"):
+        LatticeRegressor.load(tmp_path / "evil.pt")
+    torch.save({"something": "else"}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a file written by LatticeRegressor.save"):
+        LatticeRegressor.load(tmp_path / "other.pt")
+
+
+@pytest.mark.parametrize(
+    "random_state", [1, None, np.random.RandomState(7)], ids=["int", "None", "RandomState"]
+)
+def test_a_model_with_an_ensemble_loads_whatever_its_random_state(tmp_path, random_state):
+    """Past lattice_rank features the ensemble's subsets come from the seed fit drew."""
+    X = np.random.default_rng(0).uniform(size=(40, 6))
+    model = LatticeRegressor(features={"x0": "increasing"}, max_iter=2, random_state=random_state)
+    model.fit(X, X.sum(1)).save(tmp_path / "m.pt")
+    loaded = LatticeRegressor.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    assert loaded.seed_ == model.seed_
+
+
+def test_numpy_values_in_the_parameters_save_as_plain_values(tmp_path):
+    X, y = table_with_categories_and_gaps(60)
+    declared = {
+        "x0": {"categories": np.array(["small", "medium", "large"]), "monotonicity": 1},
+        "x1": {"missing": np.True_, "num_keypoints": np.int64(4)},
+        "x2": {"missing": np.float64(-1.0)},
+    }
+    model = LatticeRegressor(
+        features=declared, num_keypoints=np.int64(5), learning_rate=np.float64(0.05), max_iter=np.int64(2)
+    )
+    model.fit(X, y).save(tmp_path / "m.pt")
+    loaded = LatticeRegressor.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    assert loaded.get_params()["num_keypoints"] == 5
+    model.set_params(features={"x0": {"categories": [object(), "a"]}})  # not refitted: save reads it
+    with pytest.raises(ValueError, match="parameter 'features'"):
+        model.save(tmp_path / "unsavable.pt")
+
+
+@pytest.mark.safety
+def test_load_compares_the_constraints_and_names_the_field_that_differs(tmp_path):
+    X, y = table_with_categories_and_gaps(60)
+    declared = {
+        "x0": {"categories": ["small", "medium", "large"], "monotonicity": 1},
+        "x1": {"monotonicity": "increasing", "missing": True, "num_keypoints": 4},
+        "x2": {"missing": -1.0},
+    }
+    LatticeRegressor(features=declared, max_iter=2).fit(X, y).save(tmp_path / "m.pt")
+    # num_keypoints and the missing sentinel are not constraints.
+    expected = {"x1": {"monotonicity": "increasing", "missing": True}, "x2": {"missing": True}}
+    LatticeRegressor.load(tmp_path / "m.pt", features=expected)
+    with pytest.raises(ValueError, match="'x1': missing: expected False, the file has True"):
+        LatticeRegressor.load(tmp_path / "m.pt", features={"x1": "increasing"})
+    with pytest.raises(ValueError, match=r"'x0': categories: expected \['large', 'medium', 'small'\]"):
+        LatticeRegressor.load(
+            tmp_path / "m.pt",
+            features={"x0": {"categories": ["large", "medium", "small"], "monotonicity": 1}},
+        )
+    with pytest.raises(ValueError, match="declares 'age', which the file's model does not have"):
+        LatticeRegressor.load(tmp_path / "m.pt", features={"age": "increasing"})
