@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from fastload._checks import fspath, is_int
 from fastload.files import read_regular_file
@@ -79,7 +79,8 @@ def resolve_runs(
     (:func:`read_runs_file`), or a number N of runs, whose per-run options (``RUN_OPTIONS``) in
     ``shared`` may then be lists (or tuples) of N values, one per run, as ``fastload train
     --runs N`` takes comma lists; a list of one value, or a single value, applies to every run.
-    Refused with a ValueError: no runs, or a list of values for runs given another way.
+    Refused: no runs, or lists of values for runs given another way (ValueError); ``runs`` of
+    another type (TypeError).
     """
     if isinstance(runs, (str, os.PathLike)):
         runs = read_runs_file(runs)
@@ -90,15 +91,20 @@ def resolve_runs(
             raise ValueError(f"runs must be at least 1, not {runs}")
         one, varying = split_values(lists, int(runs))
         return runs_from_values(varying, int(runs)), {**rest, **one}
+    if isinstance(runs, (bool, float, Mapping)) or not isinstance(runs, Iterable):
+        raise TypeError(
+            f"runs must be a list of dicts (one per run), a runs file or a number of runs, not {type(runs).__name__}"
+        )
+    runs = list(runs)
     if not runs:
         raise ValueError("runs is empty: give one dict of options per run")
-    if any(len(values) != 1 for values in lists.values()):
-        name = next(name for name, values in lists.items() if len(values) != 1)
-        raise ValueError(
-            f"{name} is a list of {len(lists[name])} values, one per run: give runs as a number of runs "
-            "to take values from lists, or put each run's value in its dict"
-        )
-    return list(runs), {**rest, **{name: values[0] for name, values in lists.items()}}
+    for name, values in lists.items():
+        if len(values) != 1:
+            raise ValueError(
+                f"{name} is a list of {len(values)} values, one per run: give runs as a number of runs "
+                "to take values from lists, or put each run's value in its dict"
+            )
+    return runs, {**rest, **{name: values[0] for name, values in lists.items()}}
 
 
 def named_run(index: int, run: Mapping, taken: Sequence[str]) -> Tuple[str, dict]:
