@@ -15,6 +15,7 @@ from fastload.store import StoreWriter
 from fastload.train import config as train_config
 from fastload.train import fit, format_epoch, runs_table, stacked
 from fastload.train import trainer as train_mod
+from fastload.train.runs import exit_status, resolve_runs, runs_from_values, split_values
 
 COUNT, SIDE = 40, 8
 SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True)
@@ -138,6 +139,109 @@ def test_patience_stops_a_run_that_stops_improving(store_path, monkeypatch):
 def test_bad_runs_are_refused_before_training(store_path, runs, shared, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         fastload.fit_many(store_path, runs, **{**SHARED, **shared})
+
+
+# The forms of runs: Python takes what `fastload train` takes, with the same meaning.
+
+
+def _assert_same_runs(a, b):
+    assert [r.name for r in a] == [r.name for r in b]
+    for x, y in zip(a, b):
+        _assert_same_parameters(x.model, y.model)
+        assert x.history == y.history or [m["val_rmse"] for m in x.history] == [
+            m["val_rmse"] for m in y.history
+        ]
+
+
+def test_runs_given_as_a_runs_file_are_the_runs_it_lists(store_path, tmp_path):
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(RUNS[:2]))
+    from_file = fastload.fit_many(store_path, path, **SHARED)
+    _assert_same_runs(from_file, fastload.fit_many(store_path, RUNS[:2], **SHARED))
+    assert [r.name for r in fastload.fit_many(store_path, str(path), max_steps=1, **SHARED)] == [
+        "slow",
+        "fast",
+    ]
+
+
+def test_a_number_of_runs_takes_per_run_lists_as_the_command_line_takes_comma_lists(store_path, capsys):
+    """fit_many(store, 2, lr=[a, b], seed=3) is `fastload train --runs 2 --lr a,b --seed 3`: the
+    same runs, named run0 and run1, on the same data (data_seed: the shared seed)."""
+    logged = []
+    listed = fastload.fit_many(store_path, 2, lr=[1e-3, 3e-2], seed=3, log=logged.append, **SHARED)
+    as_dicts = fastload.fit_many(store_path, [dict(lr=1e-3), dict(lr=3e-2)], seed=3, data_seed=3, **SHARED)
+    _assert_same_runs(listed, as_dicts)
+    argv = ["train", str(store_path), "--runs", "2", "--lr", "1e-3,3e-2", "--seed", "3", "--json"]
+    assert cli.main(argv + CLI_SHARED) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(m["run"], m["val_rmse"]) for m in printed] == [(m["run"], m["val_rmse"]) for m in logged]
+
+
+def test_per_run_lists_of_one_value_or_tuples_apply_like_the_command_line(store_path):
+    # `--runs 2 --seed 4,5 --lr 1e-2`: a list of one value is every run's; the data follow
+    # data_seed 0 when the seeds differ (there is no shared seed).
+    listed = fastload.fit_many(store_path, 2, seed=(4, 5), lr=[1e-2], **SHARED)
+    runs = [dict(seed=4, lr=1e-2), dict(seed=5, lr=1e-2)]
+    _assert_same_runs(listed, fastload.fit_many(store_path, runs, data_seed=0, **SHARED))
+    alone = fit(store_path, seed=5, lr=1e-2, data_seed=0, **SHARED)
+    _assert_same_parameters(listed[1].model, alone.model)
+    np.testing.assert_array_equal(listed[1].val_indices, alone.val_indices)
+
+
+@pytest.mark.parametrize(
+    "runs, shared, error, message",
+    [
+        (2, {"lr": [1e-3, 2e-3, 3e-3]}, ValueError, "lr gives 3 values for runs 2: give 1 or 2"),
+        (2, {"seed": []}, ValueError, "seed gives 0 values for runs 2"),
+        ([{}, {}], {"lr": [1e-3, 2e-3]}, ValueError, "lr is a list of 2 values, one per run"),
+        (0, {}, ValueError, "runs must be at least 1, not 0"),
+        (True, {}, TypeError, "runs must be a list of dicts .* not bool"),
+        ({"lr": 1e-3}, {}, TypeError, "not dict"),
+        (2, {"lr": [0, 1e-3]}, ValueError, "run run0: lr must be above 0"),
+    ],
+)
+def test_bad_forms_of_runs_are_refused_naming_the_option(store_path, runs, shared, error, message):
+    with pytest.raises(error, match=message):
+        fastload.fit_many(store_path, runs, **{**SHARED, **shared})
+
+
+def test_a_bad_runs_file_is_refused_naming_it(store_path, tmp_path):
+    path = tmp_path / "runs.json"
+    path.write_text("[{")
+    with pytest.raises(ValueError, match=r"runs file .*runs\.json: not JSON"):
+        fastload.fit_many(store_path, path, **SHARED)
+
+
+def test_split_values_names_options_as_the_caller_spells_them():
+    assert split_values({"lr": [1.0], "seed": [1, 2]}, 2) == ({"lr": 1.0}, {"seed": [1, 2]})
+    assert split_values({"lr": [1.0]}) == ({"lr": 1.0}, {})
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    with pytest.raises(ValueError, match="^--weight-decay gives 2 values for --runs 3: give 1 or 3$"):
+        split_values({"weight_decay": [0, 1]}, 3, spell=flag)
+    with pytest.raises(ValueError, match=r"^--seed gives 2 values for one run: give 1 \(or use --runs\)$"):
+        split_values({"seed": [0, 1]}, spell=flag)
+    assert runs_from_values({"lr": [1, 2], "seed": [3, 4]}, 2) == [dict(lr=1, seed=3), dict(lr=2, seed=4)]
+    assert runs_from_values({}, 2) == [{}, {}]
+    assert resolve_runs(2, {"lr": [1, 2], "epochs": 3}) == ([dict(lr=1), dict(lr=2)], {"epochs": 3})
+
+
+class _Stopped:
+    def __init__(self, stopped):
+        self.stopped = stopped
+
+
+@pytest.mark.parametrize(
+    "stops, status",
+    [
+        ([None], 0),
+        (["diverged: step 3"], 1),
+        (["diverged: step 3", "diverged: step 4"], 1),
+        (["diverged: step 3", None], 0),
+        (["no better validation RMSE for 2 epochs (patience 2)"], 0),
+    ],
+)
+def test_the_exit_status_is_1_only_when_every_run_diverged(stops, status):
+    assert exit_status([_Stopped(s) for s in stops]) == status
 
 
 def test_runs_that_cannot_fit_in_memory_are_refused(store_path, monkeypatch):

@@ -8,39 +8,31 @@ figures), ``data`` (the stores, their split and the stream of device batches), `
 :func:`build_model`), ``trainer`` (one model's
 :class:`~fastload.train.trainer.Trainer`), ``loop`` (the epoch loop that feeds trainers one
 stream), ``stacked`` (trainers of one architecture stepped as one vmapped model), ``schedule``
-(the learning rate of each step), ``checkpoint`` (atomic
-checkpoints tied to their stores), ``report`` (epoch lines and JSON logs).
+(the learning rate of each step), ``checkpoint`` (atomic checkpoints tied to their stores),
+``report`` (epoch lines and JSON logs), ``runs`` (a :func:`fit_many` group's runs from dicts,
+a runs file or lists of values; their table).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from fastload._checks import fspath
 from fastload.errors import Diverged
-from fastload.files import read_regular_file
 from fastload.inspect import machine_memory
-from fastload.options import MAX_RUNS_FILE_BYTES
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import load_checkpoint, load_group
 from fastload.train.config import TrainConfig, check_outputs, option_problem, resolve_device, same_file
 from fastload.train.data import DataStream, load_monotone_inputs, open_data, prepare_images
 from fastload.train.loop import torch_settings, train, train_many
 from fastload.train.models import MonotonicClassifier, MonotonicRegressor, build_model, model_state_bytes
-from fastload.train.report import epoch_logger, explain_warning, format_epoch, runs_table
+from fastload.train.report import epoch_logger, explain_warning, format_epoch
+from fastload.train.runs import RUN_OPTIONS, named_run, read_runs_file, resolve_runs, runs_table
 from fastload.train.schedule import learning_rate
 from fastload.train.trainer import FitResult, Trainer
-
-# What may differ between the runs of a fit_many group: the model and its optimization. The
-# rest shapes the shared data stream (or is the group's, like epochs and the device).
-RUN_OPTIONS = ("name", "lr", "schedule", "weight_decay", "seed", "backbone", "num_features", "lattice_size")
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def fit(store: Union[Store, PathLike], **options) -> FitResult:
@@ -93,17 +85,26 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
 
 
 def fit_many(
-    store: Union[Store, PathLike], runs: Sequence[Mapping], *, stack: bool = False, **shared
+    store: Union[Store, PathLike],
+    runs: Union[int, PathLike, Sequence[Mapping]],
+    *,
+    stack: bool = False,
+    **shared,
 ) -> List[FitResult]:
     """Trains several models at once on one stream of batches: each batch is gathered once and
     moved to the device once (as uint8), and every run takes its step on it. Returns one
-    :class:`FitResult` per run, in order.
+    :class:`FitResult` per run, in order (:func:`runs_table` shows them side by side).
 
     ``runs``: one dict per run, with keys among ``RUN_OPTIONS`` (``seed`` seeds the model's
     initialisation; ``name`` defaults to ``run<i>``); a run's missing keys take their value from
     ``shared``, which takes :func:`fit`'s other options, the same for every run (``task`` too:
-    the runs learn the same labels). The data (split,
-    normalization, batch order) follows ``data_seed`` (default: the shared ``seed``), so each
+    the runs learn the same labels). As ``fastload train`` takes them, ``runs`` may also be the
+    path of a JSON file listing those dicts (:func:`read_runs_file`, ``--runs-file``), or a
+    number N of runs whose per-run options in ``shared`` are lists of N values, one per run
+    (``fit_many(store, 3, lr=[1e-3, 3e-3, 1e-2])``, ``--runs 3 --lr 1e-3,3e-3,1e-2``); a list of
+    one value applies to every run (:func:`~fastload.train.runs.resolve_runs`). The data (split,
+    normalization, batch order) follows ``data_seed`` (default: the shared ``seed``, so 0 when
+    the seed is a list that differs between runs), so each
     run ends exactly where ``fit(store, **shared, **run, data_seed=...)`` alone would.
 
     Runs step one after the other on each device batch, on one CUDA stream (the models are
@@ -125,8 +126,7 @@ def fit_many(
     optimizer state (``FitResult.state_bytes``) do not fit the device's memory together.
     A missing ``checkpoint`` folder is created (one level, as ``mkdir``; its parent must exist).
     """
-    if not runs:
-        raise ValueError("runs is empty: give one dict of options per run")
+    runs, shared = resolve_runs(runs, shared)
     folders = {key: shared.pop(key, None) for key in ("checkpoint", "resume")}
     resume = folders["resume"]
     if resume is not None and not os.path.isdir(resume):
@@ -137,15 +137,7 @@ def fit_many(
     _make_checkpoint_folder(folders["checkpoint"])
     configs, names = [], []
     for i, run in enumerate(runs):
-        run = dict(run)
-        name = str(run.pop("name", f"run{i}"))
-        unknown = sorted(set(run) - set(RUN_OPTIONS))
-        if unknown:
-            raise ValueError(
-                f"run {name}: {', '.join(unknown)} cannot differ between runs (per run: {', '.join(RUN_OPTIONS)})"
-            )
-        if not RUN_NAME.fullmatch(name) or name in names:
-            raise ValueError(f"run name {name!r} must be unique, 1-64 letters, digits, '.', '_' or '-'")
+        name, run = named_run(i, run, names)
         names.append(name)
         paths = {k: None if f is None else os.path.join(f, f"{name}.ckpt") for k, f in folders.items()}
         try:
@@ -185,24 +177,6 @@ def _make_checkpoint_folder(folder: Optional[PathLike]) -> None:
         raise ValueError(f"{where}; cannot create it: {exc.strerror}") from None
 
 
-def read_runs_file(path: PathLike) -> List[dict]:
-    """The runs a JSON file lists for :func:`fit_many` (a non-empty list of objects, one per
-    run). Like a labels CSV, it must be a regular file, of at most ``MAX_RUNS_FILE_BYTES``
-    (``/dev/zero`` or a FIFO is refused, not read until memory runs out); JSON nested too deep
-    for the parser is refused too, each with a ValueError naming the file."""
-    path = fspath(path, "runs file")
-    data = read_regular_file(path, MAX_RUNS_FILE_BYTES, "runs file")
-    try:
-        runs = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"runs file {path}: not JSON ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"runs file {path}: nested too deeply to be a list of runs") from None
-    if not isinstance(runs, list) or not runs or not all(isinstance(run, dict) for run in runs):
-        raise ValueError(f"runs file {path}: expected a non-empty JSON list of objects, one per run")
-    return runs
-
-
 def _check_state_memory(
     configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device
 ) -> None:
@@ -229,6 +203,7 @@ def _check_state_memory(
 
 
 __all__ = [
+    "RUN_OPTIONS",
     "FitResult",
     "MonotonicClassifier",
     "MonotonicRegressor",

@@ -1,6 +1,6 @@
 """How a run's epochs are reported: a human line (:func:`format_epoch`) or JSON, on stdout and
-optionally appended to a file (:func:`epoch_logger`, the ``log`` of :func:`~fastload.train.fit`);
-a fit_many group's runs side by side (:func:`runs_table`)."""
+optionally appended to a file (:func:`epoch_logger`, the ``log`` of :func:`~fastload.train.fit`).
+A fit_many group's runs side by side are :func:`fastload.train.runs.runs_table`."""
 
 from __future__ import annotations
 
@@ -83,47 +83,6 @@ def explain_warning(message: str) -> str:
         "that operation one run at a time: the results are the same, the speed-up of --stack is "
         "smaller (PyTorch's own message asks to report this to PyTorch, not to fastload)"
     )
-
-
-def runs_table(results: list, runs: list) -> str:
-    """fit_many's ``results`` for its ``runs`` (the per-run options shown) side by side, best last epoch first (runs without one last): lowest validation
-    RMSE (ties: lowest MAE), or highest validation accuracy when classifying (ties: lowest
-    validation loss); with the memory each holds for its parameters and optimizer state."""
-    classifying = results[0].task == "classification"  # the group's
-    # (sort key, column, column) of a last epoch's figures
-    if classifying:
-        header = ("run", "options", "val loss", "val accuracy", "steps", "state MB", "status")
-
-        def figures(last: dict) -> tuple:
-            key = (-last["val_accuracy"], last["val_loss"])
-            return (key, f"{last['val_loss']:.4g}", f"{100 * last['val_accuracy']:.1f}%")
-    else:
-        header = ("run", "options", "val MAE", "val RMSE", "steps", "state MB", "status")
-
-        def figures(last: dict) -> tuple:
-            return ((last["val_rmse"], last["val_mae"]), f"{last['val_mae']:.4g}", f"{last['val_rmse']:.4g}")
-
-    rows = []
-    for result, run in zip(results, runs):
-        last = result.history[-1] if result.history else None
-        key, first, second = figures(last) if last else ((float("inf"),), "-", "-")
-        status = "done" if result.completed else (result.stopped or "max-steps").split(":")[0]
-        rows.append(
-            (
-                key,
-                result.name,
-                " ".join(f"{k}={v}" for k, v in run.items() if k != "name") or "-",
-                first,
-                second,
-                str(result.steps),
-                f"{result.state_bytes / 1e6:.2f}",
-                status,
-            )
-        )
-    rows.sort(key=lambda row: row[0])
-    cells = [header] + [row[1:] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def epoch_logger(

@@ -1,0 +1,41 @@
+"""`fastload verify STORE`: every record checked against its checksum."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fastload import inspect
+from fastload import store as store_mod
+from fastload.cli.args import positive_int
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser(
+        "verify",
+        help="check every record of a store against its checksum",
+        description="Recompute the checksum of every record of STORE (image and label) and list the "
+        "records that differ, with their source file when the store names it. Exit status 0: every "
+        "record matches; 1: damaged records (or not a readable store).",
+    )
+    p.add_argument("store", metavar="STORE", help="a store file written by `fastload pack` or StoreWriter")
+    p.add_argument(
+        "--limit",
+        type=positive_int,
+        default=store_mod.VERIFY_LIMIT,
+        help=f"damaged records to list (default {store_mod.VERIFY_LIMIT})",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    damaged = inspect.verify(args.store, limit=args.limit)
+    for index, source in damaged:
+        print(f"damaged record {index}" + (f" ({source})" if source else ""))
+    if damaged.total > len(damaged):
+        print(f"... and {damaged.total - len(damaged):,} more damaged records")
+    if damaged.total:
+        print(f"{args.store}: {damaged.total:,} damaged record(s)", file=sys.stderr)
+        return 1
+    print(f"{args.store}: every record matches its checksum")
+    return 0
