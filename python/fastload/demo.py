@@ -181,16 +181,19 @@ def run(
     quiet: bool = False,
     quick: bool = False,
     seed: int = 0,
-    out: TextIO = sys.stdout,
+    out: Optional[TextIO] = None,
 ) -> dict:
     """Runs the demo and returns its report; ``report["passed"]`` says whether the model beat
     the baseline clearly and kept its monotonicity guarantee. Works in a temporary directory
-    removed at the end, or in ``workdir`` (kept)."""
+    removed at the end, or in ``workdir`` (kept). Prints to ``out`` (default: sys.stdout as it
+    is when called)."""
     from fastload.files import replace_atomically
     from fastload.monotonic import check_monotone
     from fastload.pack import pack
     from fastload.store import Store
     from fastload.train import epoch_logger, fit, option_problem, prepare_images, resolve_device
+
+    out = sys.stdout if out is None else out
 
     settings = SETTINGS["quick" if quick else "default"]
     images = settings["images"] if images is None else images

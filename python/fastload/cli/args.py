@@ -13,7 +13,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-# argparse names the type in its message for a value that is no integer ("argument --limit:
-# invalid _parse_positive_int value: 'all'"): the name it had before the command line was split
-# into modules, kept so that the output stays the same.
-positive_int.__name__ = "_parse_positive_int"
+# argparse names the type in its message for a value that is no integer: "argument --limit:
+# invalid positive integer value: 'all'".
+positive_int.__name__ = "positive integer"

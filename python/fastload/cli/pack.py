@@ -18,7 +18,7 @@ def fill_colour(text: str) -> tuple:
     return values if len(values) == 3 else values * 3
 
 
-fill_colour.__name__ = "_fill"  # argparse's "invalid _fill value: 'x'", as before the split
+fill_colour.__name__ = "fill colour"  # argparse's "invalid fill colour value: 'x'"
 
 
 def add_parser(commands) -> None:

@@ -120,7 +120,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
         "--data-seed",
         type=train_option("data_seed"),
         metavar="N",
-        help="with --runs: seed of the split and batch order shared by the runs (default: the first --seed)",
+        help="with --runs: seed of the split and batch order shared by the runs (default: --seed when it is one value, else 0)",
     )
     p.add_argument(
         "--augment",
