@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from fastload import Augment, FastLoadDataset, StoreWriter, cli, to_device
-from fastload.augment import MAX_JITTER, _signed, _splitmix64_int, save_preview, splitmix64, uniforms
+from fastload.augment import MAX_JITTER, _signed, _splitmix64_int, splitmix64, uniforms
+from fastload.preview import save_preview
 
 try:
     from torchvision.transforms import InterpolationMode

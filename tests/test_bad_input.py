@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from fastload import Augment, Store, StoreError, StoreWriter
-from fastload.augment import save_preview
 from fastload.dataset import FastLoadDataset, split_indices, to_device
 from fastload.device import DeviceLoader
 from fastload.inspect import info, verify
 from fastload.pack import pack
+from fastload.preview import save_preview
 
 AS_ROOT = os.geteuid() == 0
 

@@ -23,8 +23,9 @@ import test_train
 from test_train import FAST
 
 from fastload import StoreWriter, cli
-from fastload.augment import Augment, save_preview
+from fastload.augment import Augment
 from fastload.pack import pack
+from fastload.preview import save_preview
 from fastload.store import Store
 from fastload.train import epoch_logger, fit
 

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from fastload import _core
-from fastload._checks import fspath
+from fastload._checks import is_int
 
 # One fixed slot per random number, so enabling one op never changes another's draws.
 _CROP_ATTEMPTS = 10  # as torchvision's RandomResizedCrop: the first crop that fits wins
@@ -110,11 +110,6 @@ def check_uint8_batch(images: torch.Tensor) -> None:
         raise TypeError("images must be a uint8 tensor of shape N×H×W×C")
 
 
-def _whole(value) -> bool:
-    """An integer, and not a bool (True is an int to Python, but never a size or a seed)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _number(value, name: str) -> float:
     """`value` as a finite float. NaN or infinity would reach every output pixel, so they are
     refused here by the argument's name; so are bools and strings, which float() would take."""
@@ -133,7 +128,7 @@ def _number(value, name: str) -> float:
 
 def check_epoch(epoch) -> int:
     """`epoch` as a plain int: a NumPy integer would overflow in the hash's 64-bit masking."""
-    if not _whole(epoch) or epoch < 0:
+    if not is_int(epoch) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative int, not {epoch!r}")
     return int(epoch)
 
@@ -167,14 +162,14 @@ def _size(size) -> Optional[Tuple[int, int]]:
     """Augment's `size` as (height, width), or None."""
     if size is None:
         return None
-    if _whole(size):
+    if is_int(size):
         pair = (size, size)
     else:
         try:
             pair = tuple(size)
         except TypeError:
             pair = ()
-    if len(pair) != 2 or not all(_whole(s) and 1 <= s <= MAX_SIDE for s in pair):
+    if len(pair) != 2 or not all(is_int(s) and 1 <= s <= MAX_SIDE for s in pair):
         raise ValueError(f"size must be a positive int or (height, width), at most {MAX_SIDE}, not {size!r}")
     return int(pair[0]), int(pair[1])
 
@@ -248,7 +243,7 @@ class Augment:
         self.brightness = _strength(brightness, "brightness", MAX_JITTER)
         self.contrast = _strength(contrast, "contrast", MAX_JITTER)
         self.saturation = _strength(saturation, "saturation", 1.0)
-        if not _whole(seed) or seed < 0:
+        if not is_int(seed) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, not {seed!r}")
         self.seed = int(seed)
         if spec is not None and not isinstance(spec, str):
@@ -566,70 +561,3 @@ def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
             out=grid[..., axis],
         )
     return grid
-
-
-#: Most rows (records) and columns (epochs) of a preview grid: a picture to look at.
-MAX_PREVIEW_SIDE = 256
-
-
-def save_preview(
-    store,
-    path,
-    augment: Augment,
-    records: int = 4,
-    epochs: int = 8,
-    first_epoch: int = 0,
-) -> Tuple[int, int]:
-    """Writes a PNG grid of what the model sees: one row per record (`records` spread evenly
-    over the store), one column per epoch from `first_epoch`, each tile augmented as training
-    would augment it. Written atomically; returns the PNG's (width, height). Needs Pillow."""
-    import numpy as np
-
-    from fastload._checks import import_optional
-    from fastload.files import output_target, replace_atomically
-    from fastload.store import Store
-
-    Image = import_optional("PIL.Image", "the augmentation preview", "pip install pillow")
-    for name, value, least in (
-        ("records", records, 1),
-        ("epochs", epochs, 1),
-        ("first_epoch", first_epoch, 0),
-    ):
-        if not _whole(value) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}, not {value!r}")
-    if records > MAX_PREVIEW_SIDE or epochs > MAX_PREVIEW_SIDE:
-        raise ValueError(
-            f"need records and epochs between 1 and {MAX_PREVIEW_SIDE} (the grid's rows and columns), "
-            f"not {records} and {epochs}"
-        )
-    path = fspath(path, "preview path")
-    output_target(path, "preview")  # refused before any work; checked again when replaced
-    owned = not isinstance(store, Store)
-    store = Store(store) if owned else store
-    try:
-        if len(store) == 0:
-            raise ValueError(f"{store.path}: the store has no records to preview")
-        if store.shape[2] not in (1, 3):
-            raise ValueError(f"{store.path}: a preview needs 1 or 3 channels, not {store.shape[2]}")
-        keys = np.unique(np.linspace(0, len(store) - 1, min(records, len(store))).round().astype(np.int64))
-        images = torch.from_numpy(store.gather(keys)[0])
-    finally:
-        if owned:
-            store.close()
-    tiles = [
-        augment(images, torch.from_numpy(keys), epoch) for epoch in range(first_epoch, first_epoch + epochs)
-    ]
-    grid = (torch.stack(tiles, dim=1) * 255).round().clamp(0, 255)  # records × epochs × C × h × w
-    rows, cols, channels, h, w = grid.shape
-    gap = 2  # white lines between tiles and around the grid
-    grid = F.pad(grid, (0, gap, 0, gap), value=255.0).permute(0, 3, 1, 4, 2)  # rows × h' × cols × w' × C
-    canvas = F.pad(
-        grid.reshape(rows * (h + gap), cols * (w + gap), channels).permute(2, 0, 1),
-        (gap, 0, gap, 0),
-        value=255.0,
-    )
-    canvas = canvas.permute(1, 2, 0).to(torch.uint8)
-    picture = Image.fromarray(canvas.squeeze(2).numpy() if channels == 1 else canvas.numpy())
-    with replace_atomically(path, "preview") as out:
-        picture.save(out, format="PNG")
-    return picture.size

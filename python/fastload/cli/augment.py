@@ -31,7 +31,8 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastload.augment import Augment, save_preview
+    from fastload.augment import Augment
+    from fastload.preview import save_preview
 
     augment = Augment.from_spec(args.augment, size=args.size, seed=args.seed)
     width, height = save_preview(args.store, args.output, augment, records=args.records, epochs=args.epochs)
