@@ -3,6 +3,7 @@ store -> foundation, docs/ARCHITECTURE.md): no cycle, no import of a higher laye
 command line, no private name shared between modules. .ci/check_imports.py decides; these
 tests run it."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,33 @@ def test_a_private_name_imported_from_another_module_is_found(tmp_path, modules,
     done = check(write_package(tmp_path, modules))
     assert done.stderr.splitlines() == ([problem] if problem else [])
     assert done.returncode == (1 if problem else 0)
+
+
+ROOT = CHECK.parent.parent
+#: Most lines of a module a reader can hold (#26): Python modules, and Rust files without their
+#: tests (a `#[cfg(test)]` module ends a Rust file or sits in a file of its own).
+MAX_PYTHON_LINES, MAX_RUST_LINES = 600, 800
+
+
+def code_lines(path: Path) -> int:
+    """A module's lines; a Rust file's up to its inline test module (`#[cfg(test)]`, then
+    `mod tests {`)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".rs":
+        for i, line in enumerate(lines[:-1]):
+            if line.startswith("#[cfg(test)]") and re.match(r"mod \w+ \{", lines[i + 1]):
+                return i
+    return len(lines)
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    too_long = [
+        f"{path.relative_to(ROOT)}: {code_lines(path)} lines"
+        for path in sorted((ROOT / "python" / "fastload").rglob("*.py"))
+        if code_lines(path) > MAX_PYTHON_LINES
+    ] + [
+        f"{path.relative_to(ROOT)}: {code_lines(path)} lines without tests"
+        for path in sorted((ROOT / "rust").rglob("*.rs"))
+        if not path.stem.endswith("tests") and code_lines(path) > MAX_RUST_LINES
+    ]
+    assert too_long == []
