@@ -1,7 +1,11 @@
 """Every exception fastload defines, and the rule that decides which one a caller sees.
 
-- A problem with a file (missing, unreadable, not a store, damaged, changed while open) is
-  `StoreError`; an existing destination is Python's `FileExistsError`.
+- A problem with a store file (missing, unreadable, not a store, damaged, changed while open)
+  is `StoreError`. Any other file or folder that is missing, not what it must be, or fails to
+  be written is the OSError Python itself would raise (`FileNotFoundError`,
+  `NotADirectoryError`, `FileExistsError` for an existing destination, a full disk's
+  `OSError`), its message naming the file; a path the output rule refuses (a device, a FIFO,
+  a folder) is a ValueError naming it and what it is (`fastload.files`).
 - A wrong argument is `ValueError`, or `TypeError` when its type is wrong (an index out of range
   is `IndexError`), as for Python's own functions; so is using a store, writer or prefetcher after
   it was closed, committed or discarded.
@@ -10,6 +14,7 @@
   from the built-in class a caller would otherwise expect (`BadFilesError` is a ValueError,
   `MissingDependencyError` an ImportError), so existing handlers keep working.
 - An allocation too large for the machine is `MemoryError`.
+- `RuntimeError` is left for a broken internal invariant: a bug in fastload, to be reported.
 
 The `fastload` command turns each of them into a message and exit status 1 (2 for a bad
 command line).
