@@ -5,12 +5,12 @@
 use numpy::ndarray::{ArrayViewMut4, Dimension};
 use numpy::{
     Element, PyArray4, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
-    PyReadonlyArray4, PyReadwriteArray, PyReadwriteArray4, PyUntypedArrayMethods,
+    PyReadonlyArray4, PyReadwriteArray4, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 
-use super::to_py;
+use super::{contiguous, contiguous_mut, to_py};
 use crate::augment::{Plan, Shape};
 use crate::recycle::Buffer;
 
@@ -75,15 +75,6 @@ fn readonly<'py, T: Element, D: Dimension>(
         .map_err(|_| PyValueError::new_err(format!("{what} (a NumPy array)")))
 }
 
-fn slice<'a, T: Element, D: Dimension>(
-    array: &'a PyReadonlyArray<'_, T, D>,
-    name: &str,
-) -> PyResult<&'a [T]> {
-    array
-        .as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
-}
-
 /// Writes the augmented float32 N×H'×W'×C batch of uint8 N×H×W×C `images` into `out`:
 /// `theta` N×2×3 (None: no resampling), `colour` N×3 (brightness, contrast, saturation),
 /// `scale` and `shift` one value per channel. See `crate::augment`.
@@ -141,19 +132,13 @@ fn augment(
     let plan = Plan {
         out_height,
         out_width,
-        theta: theta.as_ref().map(|t| slice(t, "theta")).transpose()?,
-        colour: slice(&colour, "colour")?,
-        scale: slice(&scale, "scale")?,
-        shift: slice(&shift, "shift")?,
+        theta: theta.as_ref().map(|t| contiguous(t, "theta")).transpose()?,
+        colour: contiguous(&colour, "colour")?,
+        scale: contiguous(&scale, "scale")?,
+        shift: contiguous(&shift, "shift")?,
     };
-    let pixels = slice(&images, "images")?;
-    let out = writable(&mut out)?;
+    let pixels = contiguous(&images, "images")?;
+    let out = contiguous_mut(&mut out, "out")?;
     py.detach(|| crate::augment::augment(pixels, shape, &plan, out))
         .map_err(to_py)
-}
-
-fn writable<'a>(array: &'a mut PyReadwriteArray<'_, f32, numpy::Ix4>) -> PyResult<&'a mut [f32]> {
-    array
-        .as_slice_mut()
-        .map_err(|_| PyValueError::new_err("out must be C-contiguous"))
 }

@@ -1,5 +1,7 @@
 //! The `fastload._core` extension module: conversions between Python and the Rust core only.
 
+use numpy::ndarray::Dimension;
+use numpy::{Element, PyReadonlyArray, PyReadwriteArray};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyFileExistsError, PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -25,6 +27,28 @@ create_exception!(
     FastloadError,
     "A store file is missing, unreadable, damaged, or not a fastload store; the message names the file and the failed check."
 );
+
+/// The elements of a NumPy array as a slice; ValueError naming `name` when it is not
+/// C-contiguous (a view with strides has no single slice).
+pub(crate) fn contiguous<'a, T: Element, D: Dimension>(
+    array: &'a PyReadonlyArray<'_, T, D>,
+    name: &str,
+) -> PyResult<&'a [T]> {
+    array
+        .as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+}
+
+/// The elements of a writable NumPy array as a mutable slice; ValueError naming `name` when it
+/// is not C-contiguous.
+pub(crate) fn contiguous_mut<'a, T: Element, D: Dimension>(
+    array: &'a mut PyReadwriteArray<'_, T, D>,
+    name: &str,
+) -> PyResult<&'a mut [T]> {
+    array
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+}
 
 /// Maps a core error to the Python exception a user expects.
 pub(crate) fn to_py(err: Error) -> PyErr {

@@ -6,7 +6,7 @@ use numpy::PyReadwriteArrayDyn;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::to_py;
+use super::{contiguous_mut, to_py};
 use crate::pack::{
     jpeg_simd, max_workers, workers_out_of_range, Decoder, ResizeMode, ResizeSpec,
     ALPHA_BACKGROUND, DECODE_MEMORY_BUDGET, MAX_DECODE_ALLOC, MAX_PIXELS,
@@ -94,9 +94,7 @@ impl CoreDecoder {
         paths: Vec<PathBuf>,
         mut out: PyReadwriteArrayDyn<'_, u8>,
     ) -> PyResult<Vec<PyOutcome>> {
-        let out = out
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+        let out = contiguous_mut(&mut out, "out")?;
         let mut signal = None;
         let outcomes = py
             .detach(|| {

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::store::CoreStore;
-use super::to_py;
+use super::{contiguous, contiguous_mut, to_py};
 use crate::prefetch::{Batches, Prefetcher};
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -47,15 +47,6 @@ impl CorePrefetcher {
     }
 }
 
-fn writable_bytes<'a>(
-    array: &'a mut PyReadwriteArrayDyn<'_, u8>,
-    name: &str,
-) -> PyResult<&'a mut [u8]> {
-    array
-        .as_slice_mut()
-        .map_err(|_| PyValueError::new_err(format!("{name} must be a C-contiguous uint8 array")))
-}
-
 #[pymethods]
 impl CorePrefetcher {
     /// Starts gathering `indices` cut into batches of `lengths`.
@@ -67,9 +58,7 @@ impl CorePrefetcher {
         lengths: Vec<usize>,
     ) -> PyResult<Self> {
         let store = store.store()?;
-        let indices = indices
-            .as_slice()
-            .map_err(|_| PyValueError::new_err("indices must be contiguous"))?;
+        let indices = contiguous(&indices, "indices")?;
         let batches = py
             .detach(|| Batches::new(&store, indices, &lengths))
             .map_err(to_py)?;
@@ -100,8 +89,8 @@ impl CorePrefetcher {
                 labels.len()
             )));
         }
-        let images_ptr = writable_bytes(&mut images, "images")?.as_mut_ptr();
-        let labels_ptr = writable_bytes(&mut labels, "labels")?.as_mut_ptr();
+        let images_ptr = contiguous_mut(&mut images, "images")?.as_mut_ptr();
+        let labels_ptr = contiguous_mut(&mut labels, "labels")?.as_mut_ptr();
         let owners = (
             images.as_any().clone().unbind(),
             labels.as_any().clone().unbind(),

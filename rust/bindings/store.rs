@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::to_py;
+use super::{contiguous, contiguous_mut, to_py};
 use crate::gather::{copy_in_order, gather, resolve_indices};
 use crate::store::Store;
 
@@ -149,15 +149,9 @@ impl CoreStore {
         mut labels: PyReadwriteArrayDyn<'_, u8>,
     ) -> PyResult<()> {
         let store = self.store()?;
-        let indices = indices
-            .as_slice()
-            .map_err(|_| PyValueError::new_err("indices must be contiguous"))?;
-        let images = images
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("images must be C-contiguous"))?;
-        let labels = labels
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("labels must be C-contiguous"))?;
+        let indices = contiguous(&indices, "indices")?;
+        let images = contiguous_mut(&mut images, "images")?;
+        let labels = contiguous_mut(&mut labels, "labels")?;
         py.detach(|| {
             let records = resolve_indices(&store, indices)?;
             gather(&store, &records, images, labels)
@@ -175,9 +169,7 @@ impl CoreStore {
         mut batch: PyReadwriteArrayDyn<'_, u8>,
     ) -> PyResult<()> {
         let store = self.store()?;
-        let batch = batch
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("batch must be C-contiguous"))?;
+        let batch = contiguous_mut(&mut batch, "batch")?;
         py.detach(|| copy_in_order(&store, first, count, batch))
             .map_err(to_py)
     }
@@ -185,9 +177,7 @@ impl CoreStore {
     /// Hints the kernel to read these records ahead (madvise WILLNEED); out-of-range indices raise.
     fn will_need(&self, py: Python<'_>, indices: PyReadonlyArray1<'_, i64>) -> PyResult<()> {
         let store = self.store()?;
-        let indices = indices
-            .as_slice()
-            .map_err(|_| PyValueError::new_err("indices must be contiguous"))?;
+        let indices = contiguous(&indices, "indices")?;
         py.detach(|| {
             let records = resolve_indices(&store, indices)?;
             store.will_need(&records);

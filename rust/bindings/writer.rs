@@ -6,7 +6,7 @@ use numpy::PyReadonlyArrayDyn;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::to_py;
+use super::{contiguous, to_py};
 use crate::format::{meta_shape, LabelDtype};
 use crate::writer::StoreWriter;
 
@@ -69,12 +69,8 @@ impl CoreWriter {
         images: PyReadonlyArrayDyn<'_, u8>,
         labels: PyReadonlyArrayDyn<'_, u8>,
     ) -> PyResult<()> {
-        let images = images
-            .as_slice()
-            .map_err(|_| PyValueError::new_err("images must be C-contiguous"))?;
-        let labels = labels
-            .as_slice()
-            .map_err(|_| PyValueError::new_err("labels must be C-contiguous"))?;
+        let images = contiguous(&images, "images")?;
+        let labels = contiguous(&labels, "labels")?;
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let writer = guard.as_mut().ok_or_else(finished)?;
         py.detach(|| writer.append_many(images, labels))
