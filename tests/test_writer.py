@@ -1,6 +1,7 @@
-"""Writers that share a destination (two processes whose PIDs collide in separate PID
-namespaces, two writers in one notebook), killed writers, hostile metadata, huge damage
-and awkward paths: nothing is lost, nothing half-written, every cost bounded."""
+"""StoreWriter (`fastload.store`) under hostile conditions, every test marked `safety`: writers
+that share a destination (two processes whose PIDs collide in separate PID namespaces, two
+writers in one notebook), killed writers, hostile metadata, huge damage and awkward paths:
+nothing is lost, nothing half-written, every cost bounded. Its everyday use: test_store.py."""
 
 import gc
 import json
@@ -18,6 +19,8 @@ import pytest
 
 from fastload import Store, StoreError, StoreWriter, _core
 from fastload.inspect import verify
+
+pytestmark = pytest.mark.safety
 
 SHAPE = (4, 4, 3)
 
@@ -81,7 +84,7 @@ def test_two_overwriting_writers_publish_one_whole_store(tmp_path):
 
 NAMESPACED_WRITER = """
 import os, sys
-from test_writer_safety import records, SHAPE
+from test_writer import records, SHAPE
 from fastload import StoreWriter
 seed, overwrite = int(sys.argv[2]), sys.argv[3] == "1"
 w = StoreWriter(sys.argv[1], SHAPE, overwrite=overwrite)
