@@ -643,3 +643,31 @@ def test_float32_cpu_batches_go_through_the_fused_kernel(monkeypatch):
     to_device(images, "cpu", dtype=torch.float16)
     to_device(images, "cpu", channels_last=False)
     assert calls == [1]
+
+
+def test_a_pinned_batch_is_copied_without_blocking_and_a_pageable_one_is_not(monkeypatch):
+    """The copy of a batch in pinned memory is queued asynchronously (`non_blocking=True`:
+    the host goes on while the DMA engine copies), by to_device and by DeviceLoader on a device
+    without a copy stream, labels included; a pageable batch is copied as torch must (a
+    non-blocking copy from pageable memory is synchronous anyway). Pinned memory needs CUDA, so
+    `is_pinned` is simulated here and each `.to` records how it was asked."""
+    pinned, copies = set(), []
+    moved = torch.Tensor.to
+
+    def to(tensor, *args, **kwargs):
+        copies.append((tensor.dtype, kwargs.get("non_blocking", False)))
+        return moved(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor: tensor.data_ptr() in pinned)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    labels = torch.arange(2)
+    to_device(images, "cpu")
+    assert copies[0] == (torch.uint8, False)
+    pinned.update({images.data_ptr(), labels.data_ptr()})
+    copies.clear()
+    to_device(images, "cpu")
+    assert copies[0] == (torch.uint8, True)
+    copies.clear()
+    list(DeviceLoader([(images, labels)], "cpu"))
+    assert copies[:2] == [(torch.uint8, True), (torch.int64, True)]
