@@ -347,6 +347,7 @@ def test_fork_safe_gather_in_dataloader_workers(store_path):
         (("a", "b", "a", "b"), "'a' (labels 0, 2); 'b' (labels 1, 3)"),
         ([7, "7"], "'7' (labels 0, 1)"),  # a reader shows names as text
         (["\u00e9", "e\u0301"], "labels 0 as '\\xe9', 1 as 'e\\u0301': one text in different Unicode forms"),
+        (["dog", "cat", "cat"], "'cat' (labels 1, 2)"),  # after a name of one class
     ],
 )
 def test_class_names_shared_by_two_classes_are_refused(tmp_path, names, shared):
@@ -424,6 +425,102 @@ def test_fingerprint_is_the_records_not_the_file(tmp_path):
         for other in ("relabelled.bin", "one-pixel.bin"):
             with Store(tmp_path / other) as different:
                 assert different.fingerprint() != a.fingerprint(), other
+
+
+def test_repr_names_the_file_its_records_and_whether_it_is_closed(store_path):
+    path, _ = store_path
+    store = Store(path)
+    assert repr(store) == f"Store({str(path)!r}, 20 records, 6x5x3 uint8, labels float64)"
+    store.close()
+    assert repr(store) == f"Store({str(path)!r}, closed, 6x5x3 uint8, labels float64)"
+
+
+def test_identity_is_the_file_as_opened(store_path, tmp_path):
+    """(device, inode, length, modification time): equal for two opens of one file, different
+    once the file was replaced (what a DataLoader worker compares with the main process's)."""
+    path, images = store_path
+    identity = Store(path).identity
+    assert len(identity) == 4 and all(isinstance(part, int) for part in identity)
+    assert Store(path).identity == identity and identity[2] == os.path.getsize(path)
+    write_store(tmp_path / "other.bin", images, np.arange(20) * 1.5)
+    os.replace(tmp_path / "other.bin", path)
+    assert Store(path).identity != identity
+
+
+def test_indices_of_any_integer_dtype_gather_the_same_records(store_path):
+    path, images = store_path
+    store = Store(path)
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32):
+        got, labels = store.gather(np.array([19, 0, 7], dtype))
+        np.testing.assert_array_equal(got, images[[19, 0, 7]])
+        np.testing.assert_array_equal(labels, [28.5, 0.0, 10.5])
+    with pytest.raises(IndexError, match=r"^index 9223372036854775807 is out of range for a store of 20"):
+        store.gather(np.array([2**63 - 1], np.uint64))  # the last int64: the store's bound, not the type's
+    with pytest.raises(IndexError, match=r"^index 9223372036854775808 is out of range \(beyond int64\)$"):
+        store.gather(np.array([2**63], np.uint64))
+    with pytest.raises(
+        IndexError, match=r"^index -1180591620717411303424 is out of range \(beyond 64 bits\)$"
+    ):
+        store.gather([5, -(2**70), 2**69])  # the one furthest out is named
+
+
+def test_an_index_beyond_64_bits_is_an_index_error_both_ways(store_path):
+    store = Store(store_path[0])
+    for index in (2**63, -(2**63) - 1, 2**64, -(2**70)):
+        with pytest.raises(IndexError, match=f"^index {index} is out of range for a store of 20 records$"):
+            store[index]
+    with pytest.raises(TypeError, match="^store indices must be integers, not str$"):
+        store["3"]
+
+
+class Foreign:
+    """An array of another library: it has a `numpy()` method, as TensorFlow's tensors do."""
+
+    def numpy(self):
+        return np.zeros(3)
+
+
+def test_output_buffers_of_another_library_are_refused_by_name(store_path):
+    store = Store(store_path[0])
+    with pytest.raises(TypeError, match="^out must be a NumPy array or a torch tensor, not Foreign$"):
+        store.gather([0, 1], out=Foreign())
+    with pytest.raises(TypeError, match="^labels_out must be a NumPy array or a torch tensor, not Foreign$"):
+        store.gather([0, 1], labels_out=Foreign())
+    with pytest.raises(TypeError, match=r"^out must have dtype uint8, not float32$"):
+        store.gather([0, 1], out=np.zeros((2, 6, 5, 3), np.float32))
+    with pytest.raises(ValueError, match=r"^labels_out must have shape \(2,\), not \(3,\)$"):
+        store.gather([0, 1], labels_out=np.zeros(3))
+
+
+def test_copy_in_order_of_no_records_writes_nothing_and_errors_are_exact(store_path):
+    store = Store(store_path[0])
+    batch = np.full((2, 6, 5, 3), 7, np.uint8)
+    store.copy_in_order(4, 0, batch)
+    assert (batch == 7).all()
+    with pytest.raises(ValueError, match="^out must be a C-contiguous uint8 NumPy array$"):
+        store.copy_in_order(0, 1, batch[:, :3])
+    with pytest.raises(ValueError, match="^out must be writable$"):
+        store.copy_in_order(0, 1, np.frombuffer(bytes(90), np.uint8))
+
+
+def test_verify_with_limit_zero_counts_without_listing(store_path):
+    path, _ = store_path
+    stride = Store(path).images.strides[0]
+    corrupt(path, 4096 + 3 * stride, b"\xff")
+    corrupt(path, 4096 + 9 * stride, b"\xff")
+    damaged = Store(path).verify(limit=0)
+    assert damaged == [] and damaged.total == 2
+    assert Store(path).verify(limit=1) == [3]
+    with pytest.raises(ValueError, match="^limit must be a non-negative integer or None, not -1$"):
+        Store(path).verify(limit=-1)
+
+
+def test_a_label_that_is_not_one_number_is_refused_naming_its_shape(tmp_path):
+    with StoreWriter(tmp_path / "s.bin", (2, 2, 3)) as writer:
+        with pytest.raises(ValueError, match=r"^label must be one number, not of shape \(2,\)$"):
+            writer.append(np.zeros((2, 2, 3), np.uint8), [1.0, 2.0])
+        writer.append(np.zeros((2, 2, 3), np.uint8), 1.0)
+    assert len(Store(tmp_path / "s.bin")) == 1
 
 
 # Hostile files, damaged records, stores changed under readers, many readers at once

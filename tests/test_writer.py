@@ -256,6 +256,21 @@ def test_metadata_with_too_many_elements_is_refused_at_construction(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_the_writer_counts_metadata_elements_as_the_reader_does(tmp_path):
+    """Exactly MAX_META_VALUES elements (the metadata object, the writer's two keys, the list
+    and its items) are written and read back; one more is refused, naming the first element
+    past the bound."""
+    items = _core.MAX_META_VALUES - 4
+    path = tmp_path / "s.fastload"
+    with StoreWriter(path, SHAPE, meta={"ids": [0] * items}) as w:
+        w.extend(*records(0, n=1))
+    assert len(Store(path).meta["ids"]) == items
+    with pytest.raises(
+        ValueError, match=rf"^metadata has more than \d+ elements \(at meta\['ids'\]\[{items}\]\)$"
+    ):
+        StoreWriter(tmp_path / "t.fastload", SHAPE, meta={"ids": [0] * (items + 1)})
+
+
 def test_metadata_spoilt_after_construction_is_refused_at_commit(tmp_path):
     """`pack` fills in `sources` after the writer exists: commit checks again and writes nothing."""
     path = tmp_path / "s.fastload"
