@@ -259,6 +259,29 @@ def test_int64_writer_rejects_fractional_labels(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_labels_of_any_numeric_dtype_are_stored_exactly_when_they_fit(tmp_path):
+    """Whole floats go into an int64 store, float32 included, and int64's own bounds fit;
+    fractional labels are refused whatever their float type; a float64 store takes labels
+    of every float width."""
+    images = np.zeros((2, 2, 2, 3), np.uint8)
+    path = tmp_path / "int.bin"
+    with StoreWriter(path, (2, 2, 3), label_dtype="int64") as w:
+        w.extend(images, np.array([1.0, -3.0]))
+        w.extend(images, np.array([2.0, 5.0], np.float32))
+        w.extend(images, np.array([2**63 - 1, -(2**63)], np.int64))
+        for fractional in (np.array([1.5, 2.0], np.float32), np.array([0.5, 2.0], np.float16)):
+            with pytest.raises(
+                ValueError, match="^int64 labels must be whole numbers within the int64 range$"
+            ):
+                w.extend(images, fractional)
+    assert Store(path).labels.tolist() == [1, -3, 2, 5, 2**63 - 1, -(2**63)]
+    path = tmp_path / "float.bin"
+    with StoreWriter(path, (2, 2, 3)) as w:
+        for dtype in (np.float16, np.float32, np.float64, np.int32, np.uint8):
+            w.extend(images, np.array([0.5 if dtype().dtype.kind == "f" else 3, 2], dtype))
+    assert Store(path).labels.tolist() == [0.5, 2.0] * 3 + [3.0, 2.0] * 2
+
+
 @pytest.mark.parametrize(
     "kwargs, error",
     [
