@@ -259,6 +259,13 @@ def test_int64_writer_rejects_fractional_labels(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_single_channel_batches_may_leave_out_the_channel_axis(tmp_path):
+    images = np.arange(3 * 2 * 2, dtype=np.uint8).reshape(3, 2, 2)
+    with StoreWriter(tmp_path / "s.bin", (2, 2, 1)) as w:
+        w.extend(images, np.arange(3.0))
+    np.testing.assert_array_equal(Store(tmp_path / "s.bin").images[..., 0], images)
+
+
 def test_labels_of_any_numeric_dtype_are_stored_exactly_when_they_fit(tmp_path):
     """Whole floats go into an int64 store, float32 included, and int64's own bounds fit;
     fractional labels are refused whatever their float type; a float64 store takes labels
@@ -269,12 +276,19 @@ def test_labels_of_any_numeric_dtype_are_stored_exactly_when_they_fit(tmp_path):
         w.extend(images, np.array([1.0, -3.0]))
         w.extend(images, np.array([2.0, 5.0], np.float32))
         w.extend(images, np.array([2**63 - 1, -(2**63)], np.int64))
-        for fractional in (np.array([1.5, 2.0], np.float32), np.array([0.5, 2.0], np.float16)):
+        w.extend(images, np.array([1e6, -(2.0**62)]))
+        w.extend(images, np.array([7, 2**63 - 1], np.uint64))
+        w.extend(images, np.array([200, 0], np.uint8))
+        refused = [np.array([1.5, 2.0], np.float32), np.array([0.5, 2.0], np.float16), np.array([2.0**63, 0])]
+        for labels in refused:
             with pytest.raises(
                 ValueError, match="^int64 labels must be whole numbers within the int64 range$"
             ):
-                w.extend(images, fractional)
-    assert Store(path).labels.tolist() == [1, -3, 2, 5, 2**63 - 1, -(2**63)]
+                w.extend(images, labels)
+        with pytest.raises(ValueError, match="^int64 label 9223372036854775808 is beyond the int64 range$"):
+            w.extend(images, np.array([2**63, 0], np.uint64))
+    expected = [1, -3, 2, 5, 2**63 - 1, -(2**63), 10**6, -(2**62), 7, 2**63 - 1, 200, 0]
+    assert Store(path).labels.tolist() == expected
     path = tmp_path / "float.bin"
     with StoreWriter(path, (2, 2, 3)) as w:
         for dtype in (np.float16, np.float32, np.float64, np.int32, np.uint8):
