@@ -225,7 +225,7 @@ run_step setup 20 setup
 run_step cuda_tests 150 pytest_step cuda_tests \
     tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_augment.py::test_cuda_matches_cpu \
     tests/test_train.py::test_the_cuda_layout_reorders_the_convolutions_only tests/test_bench.py \
-    tests/test_dataset.py -k "cuda or pin or to_device or bench or json or noisy or stage or quick"
+    tests/test_dataset.py tests/test_buffers.py tests/test_device.py -k "cuda or pin or to_device or bench or json or noisy or stage or quick"
 run_step fit_many_cuda 120 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE" --repeats 1 \
     "${FIT_MANY_SIZE[@]}" --child-timeout 100 --json "$OUTDIR/fit_many_cuda.json"
 run_step bench 180 "$PYTHON" -m fastload bench --only memcpy,gather,dataset,h2d,to_device "${BENCH_SIZE[@]}" \

@@ -2,6 +2,7 @@
 reach is ever rewritten by the prefetcher, whatever way the batch is kept, and a batch whose
 memory the user moved (shared memory, a torch.multiprocessing queue) is never written again."""
 
+import ctypes
 import pickle
 import subprocess
 import sys
@@ -10,10 +11,13 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from dataset_helpers import N
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 
-from fastload import FastLoadDataset, StoreWriter
+from fastload import FastLoadDataset, Store, StoreWriter
+from fastload.dataset.buffers import COPIES_IN_FLIGHT, BufferPool
 
 RECORDS = 48
 
@@ -178,3 +182,154 @@ def test_batches_sent_through_a_torch_multiprocessing_queue(marked_store, tmp_pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["bad", "0", "0"], done.stdout
+
+
+def test_held_batches_are_never_overwritten(store_path):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 2, prefetch=2, return_indices=True)
+    held, addresses = [], []
+    for k, (images, labels, idx) in enumerate(ds):
+        addresses.append(images.data_ptr())
+        if k % 5 == 0:
+            held.append((images, labels, idx))
+        elif k % 5 == 1:
+            held.append((images[:, 0], labels[:1], idx))  # only a derived view survives
+        elif k % 5 == 2:
+            held.append((images.numpy(), labels.numpy(), idx))  # only a NumPy view survives
+        del images, labels
+    for images, labels, idx in held:
+        expected_images, expected_labels = store.gather(idx.numpy())
+        np.testing.assert_array_equal(
+            np.asarray(images), expected_images[:, 0] if images.ndim == 3 else expected_images
+        )
+        np.testing.assert_array_equal(np.asarray(labels), expected_labels[: len(labels)])
+    assert len(set(addresses)) < len(addresses)  # buffers of dropped batches were reused
+
+
+def test_buffers_are_reused_across_epochs_and_early_breaks(store_path, monkeypatch):
+    allocations = []
+    allocate = BufferPool._allocate
+    monkeypatch.setattr(BufferPool, "_allocate", lambda pool: allocations.append(1) or allocate(pool))
+    ds = FastLoadDataset(store_path, 4, prefetch=2)
+    for _ in range(3):
+        for _ in ds:
+            pass
+    for _ in range(5):
+        for _ in ds:
+            break  # the batches made ahead go back to the pool too
+    for _ in ds:
+        pass
+    # at most: `prefetch` held by the prefetcher, the batch the loop holds, and one more
+    # still held from the epoch before (the loop variable outlives the loop)
+    assert len(allocations) <= 2 + 1 + 1
+    assert len(allocations) < len(ds)
+
+
+def test_worker_batches_stay_valid_when_held(store_path):
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4, return_indices=True)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    for images, labels, idx in batches:
+        expected_images, expected_labels = store.gather(idx.numpy())
+        np.testing.assert_array_equal(images.numpy(), expected_images)
+        np.testing.assert_array_equal(labels.numpy(), expected_labels)
+
+
+class SimulatedStream:
+    """One CUDA stream, simulated on the CPU: `copy` queues a host-to-device copy of a batch,
+    an Event recorded on the stream completes once everything queued before it ran, and the
+    "GPU" runs queued copies only when told (`run`) or when an event is synchronized. Running
+    a copy reads the host memory then, as the DMA engine would, and checks that it still holds
+    what it held when the copy was queued."""
+
+    def __init__(self):
+        self.queue, self.copied, self.overwritten = [], 0, []
+
+    def copy(self, images, expected):
+        self.queue.append(("copy", (images.data_ptr(), images.nbytes, expected.tobytes())))
+
+    def run(self, until=None):
+        """Runs the queued work in order: all of it, or up to and including event `until`."""
+        while self.queue:
+            kind, item = self.queue.pop(0)
+            if kind == "event":
+                item.done = True
+                if item is until:
+                    return
+                continue
+            address, nbytes, expected = item
+            if ctypes.string_at(address, nbytes) != expected:
+                self.overwritten.append(self.copied)
+            self.copied += 1
+
+    def event_class(self):
+        stream = self
+
+        class Event:
+            def __init__(self):
+                self.done = False
+
+            def record(self):
+                stream.queue.append(("event", self))
+
+            def query(self):
+                return self.done
+
+            def synchronize(self):
+                if not self.done:
+                    stream.run(until=self)
+
+        return Event
+
+
+@pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
+def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
+    """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
+    (`.to("cuda", non_blocking=True)`) and drops the batch at once: a buffer is refilled
+    only after the copies queued on it have run, however far the GPU lags (simulated here:
+    no GPU in CI), and buffers are still reused rather than allocated anew."""
+    stream = SimulatedStream()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", stream.event_class())
+    empty = torch.empty
+    pinned = []
+
+    def allocate(*args, **kwargs):
+        if "pin_memory" in kwargs:
+            pinned.append(kwargs.pop("pin_memory"))
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", allocate)
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4, prefetch=2, return_indices=True)
+    assert ds.pin_memory
+    for _ in range(2):
+        for step, (images, labels, idx) in enumerate(ds):
+            stream.copy(images, store.gather(idx.numpy())[0])
+            del images, labels
+            if gpu_catches_up_every and step % gpu_catches_up_every == 0:
+                stream.run()
+    stream.run()
+    assert stream.copied == 2 * len(ds) and stream.overwritten == []
+    assert pinned and all(pinned)
+    buffers = len(pinned) // 2  # each buffer is an images and a labels tensor
+    # `prefetch` ahead, the user's batch, and those whose copy is still queued: the pool
+    # allocates rather than wait for a copy while fewer than COPIES_IN_FLIGHT are queued
+    assert buffers <= 2 + 1 + COPIES_IN_FLIGHT
+
+
+def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path):
+    ds = FastLoadDataset(store_path, 2**40, return_indices=True)
+    assert len(ds) == 1
+    ((images, labels, idx),) = list(ds)
+    assert images.shape[0] == N and sorted(idx.tolist()) == list(range(N))
+    assert images.untyped_storage().nbytes() == N * images[0].numel()
+
+
+def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
+    pool = BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
+    with pytest.raises(
+        MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"
+    ):
+        pool.take()

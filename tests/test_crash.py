@@ -14,6 +14,8 @@ import pytest
 
 from fastload import Store, StoreWriter
 
+pytestmark = pytest.mark.safety
+
 SHAPE = (32, 32, 3)
 RECORDS = 240
 

@@ -10,8 +10,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
+import fastload
 import fastload.device
 from fastload import Augment, DeviceLoader, FastLoadDataset, Store, StoreWriter, to_device
 from fastload.bench.measure import Context, Plan
@@ -533,3 +536,138 @@ def test_on_cuda_the_batches_are_the_cpu_ones(store_path, depth):
                     break
         summary = loader.timings()
         assert summary["batches"] == len(ds) and {"copy_ms", "gpu_wait_ms", "convert_ms"} <= set(summary)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_to_device_layout_dtype_and_normalization(dtype):
+    images = torch.randint(0, 256, (2, 5, 4, 3), dtype=torch.uint8)
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.5]
+    x = to_device(images, "cpu", dtype=dtype, mean=mean, std=std)
+    assert x.shape == (2, 3, 5, 4) and x.dtype == dtype
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    expected = (
+        images.permute(0, 3, 1, 2).double() / 255 - torch.tensor(mean).view(1, 3, 1, 1).double()
+    ) / torch.tensor(std).view(1, 3, 1, 1).double()
+    torch.testing.assert_close(
+        x.double(), expected, atol=0.03 if dtype == torch.bfloat16 else 1e-5, rtol=0.01
+    )
+    plain = to_device(images, "cpu", channels_last=False)
+    assert plain.is_contiguous() and plain.shape == (2, 3, 5, 4)
+    torch.testing.assert_close(plain, images.permute(0, 3, 1, 2).float() / 255)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.sampled_from([1, 3, 4])),
+    mean=st.floats(-1, 2),
+    std=st.floats(0.01, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_to_device_on_the_cpu_gives_the_same_bits_as_the_torch_formula(shape, mean, std, seed):
+    """float32 on the CPU runs the native kernel (1 or 3 channels) into recycled memory; it
+    must equal `x.float() * scale - shift` bit for bit, whatever the path."""
+    images = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+    channels = shape[3]
+    means, stds = [mean + k / 10 for k in range(channels)], [std * (1 + k) for k in range(channels)]
+    x = to_device(images, "cpu", mean=means, std=stds)
+    scale, shift = fastload.device._normalization(
+        torch.device("cpu"), torch.float32, *map(tuple, (means, stds))
+    )
+    expected = images.permute(0, 3, 1, 2).to(torch.float32).mul_(scale).sub_(shift)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.dtype == torch.float32
+    assert torch.equal(x, expected)
+
+
+def test_to_device_makes_its_normalization_tensors_once_per_setting():
+    """Each batch reuses the scale and shift already on the device (a new small tensor per
+    batch would be a synchronous copy behind the batch's asynchronous one); alternating
+    settings each get their own."""
+    images = torch.randint(0, 256, (2, 3, 3, 3), dtype=torch.uint8)
+    settings = [((0.5, 0.4, 0.3), (0.2, 0.25, 0.5)), (0.5, 0.25), ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0))]
+    fastload.device._normalization.cache_clear()
+    for _ in range(3):
+        for mean, std in settings:
+            x = to_device(images, "cpu", mean=mean, std=std)
+            m = torch.tensor(mean, dtype=torch.float64).reshape(1, -1, 1, 1)
+            sd = torch.tensor(std, dtype=torch.float64).reshape(1, -1, 1, 1)
+            expected = (images.permute(0, 3, 1, 2).double() / 255 - m) / sd
+            torch.testing.assert_close(x.double(), expected, atol=1e-5, rtol=1e-5)
+    assert fastload.device._normalization.cache_info().misses == len(settings)
+
+
+def test_to_device_rejects_bad_input():
+    images = torch.zeros(1, 2, 2, 3, dtype=torch.uint8)
+    with pytest.raises(TypeError, match="uint8"):
+        to_device(torch.zeros(1, 2, 2, 3), "cpu")
+    with pytest.raises(ValueError, match="^mean must have 1 or 3 values, not 2$"):
+        to_device(images, "cpu", mean=[0.1, 0.2])
+    with pytest.raises(ValueError, match="^std must have 1 or 3 values, not 2$"):
+        to_device(images, "cpu", std=[0.1, 0.2])
+    with pytest.raises(ValueError, match="^std must not be zero"):
+        to_device(images, "cpu", std=[0.1, 0.0, 0.2])
+    with pytest.raises(TypeError, match="^augment must be a fastload.Augment, not str$"):
+        to_device(images, "cpu", augment="crop", keys=[0])
+    with pytest.raises(
+        ValueError, match=r"^augment needs keys: the record index of each image \(FastLoadDataset\("
+    ):
+        to_device(images, "cpu", augment=fastload.Augment(hflip=0.5))
+    for dtype in (torch.int32, "float64x", "float 16", "int32"):
+        with pytest.raises(TypeError, match="^dtype must be a floating-point torch dtype"):
+            to_device(images, "cpu", dtype=dtype)
+
+
+def test_to_device_takes_a_dtype_by_name_and_moves_to_the_device_asked_for():
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    assert to_device(images, "cpu", dtype="bfloat16").dtype == torch.bfloat16
+    # "meta": a device other than the CPU that needs no GPU; normalisation happens there too
+    on_meta = to_device(images, "meta", mean=[0.5, 0.4, 0.3], std=[0.2, 0.2, 0.2])
+    assert on_meta.device.type == "meta" and on_meta.shape == (2, 3, 4, 4)
+
+
+def test_to_device_augments_as_for_epoch_0_unless_told_the_epoch():
+    images = torch.arange(16 * 4 * 4 * 3, dtype=torch.int64).remainder(251).to(torch.uint8).view(16, 4, 4, 3)
+    augment, keys = fastload.Augment(hflip=0.5, seed=3), list(range(16))
+    default = to_device(images, "cpu", augment=augment, keys=keys)
+    assert torch.equal(default, to_device(images, "cpu", augment=augment, keys=keys, epoch=0))
+    assert not torch.equal(default, to_device(images, "cpu", augment=augment, keys=keys, epoch=1))  # 2**-16
+
+
+def test_float32_cpu_batches_go_through_the_fused_kernel(monkeypatch):
+    """The same bits as the torch formula (tested above), in one pass instead of three."""
+    calls = []
+    convert = fastload.device.convert
+    monkeypatch.setattr(fastload.device, "convert", lambda *args: calls.append(1) or convert(*args))
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    to_device(images, "cpu")
+    assert calls == [1]
+    to_device(images, "cpu", dtype=torch.float16)
+    to_device(images, "cpu", channels_last=False)
+    assert calls == [1]
+
+
+def test_a_pinned_batch_is_copied_without_blocking_and_a_pageable_one_is_not(monkeypatch):
+    """The copy of a batch in pinned memory is queued asynchronously (`non_blocking=True`:
+    the host goes on while the DMA engine copies), by to_device and by DeviceLoader on a device
+    without a copy stream, labels included; a pageable batch is copied as torch must (a
+    non-blocking copy from pageable memory is synchronous anyway). Pinned memory needs CUDA, so
+    `is_pinned` is simulated here and each `.to` records how it was asked."""
+    pinned, copies = set(), []
+    moved = torch.Tensor.to
+
+    def to(tensor, *args, **kwargs):
+        copies.append((tensor.dtype, kwargs.get("non_blocking", False)))
+        return moved(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor: tensor.data_ptr() in pinned)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    labels = torch.arange(2)
+    to_device(images, "cpu")
+    assert copies[0] == (torch.uint8, False)
+    pinned.update({images.data_ptr(), labels.data_ptr()})
+    copies.clear()
+    to_device(images, "cpu")
+    assert copies[0] == (torch.uint8, True)
+    copies.clear()
+    list(DeviceLoader([(images, labels)], "cpu"))
+    assert copies[:2] == [(torch.uint8, True), (torch.int64, True)]

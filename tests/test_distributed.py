@@ -1,5 +1,6 @@
-"""FastLoadDataset under torchrun: 2 ranks (gloo, CPU) over a store whose size divides by
-neither the batch size nor the world size."""
+"""FastLoadDataset across ranks: under torchrun, 2 ranks (gloo, CPU) over a store whose size
+divides by neither the batch size nor the world size; and every rank's share made in one process
+(`rank=`, `world_size=`) for several world sizes."""
 
 import json
 import os
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_helpers import N as RECORDS
+from dataset_helpers import epoch
 
-from fastload import StoreWriter
+from fastload import FastLoadDataset, StoreWriter
 
 N, WORLD, BATCH = 101, 2, 8
 
@@ -67,3 +70,32 @@ def test_equal_batch_counts_and_ddp_training_completes(reports):
     assert len({len(r["batches drop_last=False"]) for r in reports}) == 1
     assert reports[0]["steps"] == reports[1]["steps"] == 2 * reports[0]["len drop_last=False"]
     assert reports[0]["weights"] == reports[1]["weights"]  # gradients were all-reduced every step
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 7])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_get_disjoint_equal_shares(store_path, world_size, drop_last):
+    shares = [
+        sum(
+            epoch(
+                FastLoadDataset(
+                    store_path, 4, rank=r, world_size=world_size, drop_last=drop_last, return_indices=True
+                )
+            ),
+            [],
+        )
+        for r in range(world_size)
+    ]
+    counts = {
+        len(FastLoadDataset(store_path, 4, rank=r, world_size=world_size, drop_last=drop_last))
+        for r in range(world_size)
+    }
+    assert len(counts) == 1
+    seen = sum(shares, [])
+    assert len({len(s) for s in shares}) == 1
+    if drop_last:
+        assert len(seen) == len(set(seen)) == RECORDS // (4 * world_size) * 4 * world_size
+    else:
+        padding = -(-RECORDS // world_size) * world_size - RECORDS
+        assert set(seen) == set(range(RECORDS))
+        assert len(seen) == RECORDS + padding  # wrapped-around records, seen twice

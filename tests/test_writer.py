@@ -1,6 +1,7 @@
-"""Writers that share a destination (two processes whose PIDs collide in separate PID
-namespaces, two writers in one notebook), killed writers, hostile metadata, huge damage
-and awkward paths: nothing is lost, nothing half-written, every cost bounded."""
+"""StoreWriter (`fastload.store`) under hostile conditions, every test marked `safety`: writers
+that share a destination (two processes whose PIDs collide in separate PID namespaces, two
+writers in one notebook), killed writers, hostile metadata, huge damage and awkward paths:
+nothing is lost, nothing half-written, every cost bounded. Its everyday use: test_store.py."""
 
 import gc
 import json
@@ -18,6 +19,8 @@ import pytest
 
 from fastload import Store, StoreError, StoreWriter, _core
 from fastload.inspect import verify
+
+pytestmark = pytest.mark.safety
 
 SHAPE = (4, 4, 3)
 
@@ -81,7 +84,7 @@ def test_two_overwriting_writers_publish_one_whole_store(tmp_path):
 
 NAMESPACED_WRITER = """
 import os, sys
-from test_writer_safety import records, SHAPE
+from test_writer import records, SHAPE
 from fastload import StoreWriter
 seed, overwrite = int(sys.argv[2]), sys.argv[3] == "1"
 w = StoreWriter(sys.argv[1], SHAPE, overwrite=overwrite)
@@ -251,6 +254,21 @@ def test_metadata_with_too_many_elements_is_refused_at_construction(tmp_path):
     ):
         StoreWriter(tmp_path / "s.fastload", SHAPE, meta={"ids": [0] * _core.MAX_META_VALUES})
     assert os.listdir(tmp_path) == []
+
+
+def test_the_writer_counts_metadata_elements_as_the_reader_does(tmp_path):
+    """Exactly MAX_META_VALUES elements (the metadata object, the writer's two keys, the list
+    and its items) are written and read back; one more is refused, naming the first element
+    past the bound."""
+    items = _core.MAX_META_VALUES - 4
+    path = tmp_path / "s.fastload"
+    with StoreWriter(path, SHAPE, meta={"ids": [0] * items}) as w:
+        w.extend(*records(0, n=1))
+    assert len(Store(path).meta["ids"]) == items
+    with pytest.raises(
+        ValueError, match=rf"^metadata has more than \d+ elements \(at meta\['ids'\]\[{items}\]\)$"
+    ):
+        StoreWriter(tmp_path / "t.fastload", SHAPE, meta={"ids": [0] * (items + 1)})
 
 
 def test_metadata_spoilt_after_construction_is_refused_at_commit(tmp_path):

@@ -1,0 +1,27 @@
+"""What the dataset tests share (tests/test_dataset.py, test_plan.py, test_prefetch.py,
+test_buffers.py, test_dataset_store.py, test_distributed.py): a store of N records, whose
+`store_path` fixture is in conftest.py, and the record numbers of each batch of an epoch."""
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from fastload import StoreWriter
+
+N = 53  # does not divide by the batch sizes or world sizes used here
+
+
+def write_store(path, n, shape=(4, 3, 3), seed=0):
+    images = np.random.default_rng(seed).integers(0, 256, (n, *shape), dtype=np.uint8)
+    with StoreWriter(path, shape, label_dtype="int64") as w:
+        w.extend(images, np.arange(n) * 10)
+    return path
+
+
+def epoch(ds, num_workers=None, **loader_kwargs):
+    """Record numbers of each batch of one epoch (directly, or through a DataLoader)."""
+    source = (
+        ds
+        if num_workers is None
+        else DataLoader(ds, batch_size=None, num_workers=num_workers, **loader_kwargs)
+    )
+    return [batch[2].tolist() for batch in source]
