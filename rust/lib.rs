@@ -6,6 +6,7 @@ pub mod augment;
 pub mod error;
 pub mod format;
 pub mod gather;
+pub mod jpeg_region;
 pub mod pack;
 pub mod pagecache;
 pub mod pool;

@@ -54,6 +54,7 @@ use mozjpeg_sys::{jpeg_common_struct, jpeg_error_mgr, jpeg_std_error};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::jpeg_region::{self, Region};
 use crate::pool;
 use crate::writer::file_kind;
 
@@ -379,7 +380,11 @@ fn load_into(
             let file = 2 * bytes.len() as u64 + coefficients;
             let _held = budget.reserve(decode_footprint((width, height), pixels, file, spec));
             drop(decoder);
-            let (decoded, warned) = decode_jpeg(&bytes, scale)?;
+            // A centred crop of an upright image reads only part of it: decode that part.
+            let region = (spec.mode == ResizeMode::Crop
+                && orientation == Orientation::NoTransforms)
+                .then(|| jpeg_region::crop_region((width, height), (spec.width, spec.height)));
+            let (decoded, warned) = decode_jpeg(&bytes, scale, region)?;
             warnings = warned;
             let mut image = DynamicImage::ImageRgb8(decoded);
             image.apply_orientation(orientation);
@@ -510,10 +515,17 @@ fn libjpeg_frame(bytes: &[u8]) -> Option<JpegFrame> {
 }
 
 /// Decodes a JPEG to RGB at `scale`/8 of its size in the DCT domain (libjpeg-turbo),
-/// before any EXIF orientation, with libjpeg's warnings about the file (see
+/// before any EXIF orientation (only the pixels of `region` when given, see [`jpeg_region`]), with libjpeg's warnings about the file (see
 /// [`JpegWarnings`]). libjpeg reports fatal errors by unwinding, caught here.
-fn decode_jpeg(bytes: &[u8], scale: u8) -> std::result::Result<(RgbImage, Vec<String>), String> {
+fn decode_jpeg(
+    bytes: &[u8],
+    scale: u8,
+    region: Option<Region>,
+) -> std::result::Result<(RgbImage, Vec<String>), String> {
     let decode = || -> std::io::Result<RgbImage> {
+        if let Some(region) = region {
+            return jpeg_region::decode(bytes, scale, region, warning_error_mgr());
+        }
         let mut decompress = mozjpeg::Decompress::builder()
             .with_err(warning_error_mgr())
             .from_mem(bytes)?;
@@ -1209,7 +1221,7 @@ mod tests {
 
     #[test]
     fn libjpeg_failures_become_messages() {
-        let err = decode_jpeg(b"\xFF\xD8 not a JPEG after all", 8).unwrap_err();
+        let err = decode_jpeg(b"\xFF\xD8 not a JPEG after all", 8, None).unwrap_err();
         assert!(err.starts_with("corrupt or truncated image: "), "{err}");
         assert_eq!(libjpeg_frame(b"\x89PNG"), None);
         let cmyk = [0xFF, 0xD8, 0xFF, 0xC0, 0, 17, 8, 0, 8, 0, 8, 4];
