@@ -7,19 +7,30 @@ upscaled with Bicubic, with Gaussian sensor-like noise, quality 85-95):
 - hd: 1920x1080;
 - camera: 4000x3000 and 6000x4000 (12 and 24 megapixels).
 
-Then times on each folder, the methods alternating, median of `--repeats` runs, packing
-to `--size` square records (crop) with `--workers` threads:
+Then times on each folder, the methods alternating, median of `--repeats` rounds, packing
+to `--size` square records (crop) with each of `--workers` (e.g. `1,2`) threads:
 
 - fastload.pack(...), which decodes JPEGs at 1/2, 1/4 or 1/8 scale in the DCT domain;
 - Pillow + `Image.draft` (the same DCT scaling) in a ThreadPoolExecutor;
 - plain Pillow (full decode) in a ThreadPoolExecutor;
-- the same two with pillow-simd, when `--simd-python` names a Python that has it
-  (run as a subprocess of this script, in turn with the others).
+- with `--simd-python` naming a Python that has Pillow-SIMD (run as a subprocess of this
+  script, in turn with the others): Pillow-SIMD + `draft` + Lanczos, + `draft` + bilinear,
+  and full decode + Lanczos.
 
-Each Pillow packer opens, EXIF-transposes, converts to RGB, resizes with Lanczos
-(ImageOps.fit, the geometry of fastload's crop) and writes the records in order.
+Each Pillow packer lists the folder, opens, EXIF-transposes, converts to RGB, resizes
+(ImageOps.fit, the geometry of fastload's crop; Lanczos unless named) and writes the records
+in order, as fastload does; fastload also fsyncs its store, which the Pillow packers do not
+(the line `fsync` times an fsync of a store-sized file written just before, for scale).
 Quality: PSNR of each packer's records against a float reference, a full decode resized
 with Lanczos per channel in Pillow's float mode 'F' (no 8-bit rounding in between).
+Ratios are "fastload is Nx faster", the median of the per-round pairs at the same thread count.
+
+Pillow-SIMD must not share an environment with Pillow; build it (AVX2) in a venv of its own:
+
+    apt-get install libjpeg-dev zlib1g-dev
+    python3.11 -m venv /work/pillow-simd-venv
+    /work/pillow-simd-venv/bin/pip install numpy
+    CC="cc -mavx2" /work/pillow-simd-venv/bin/pip install --no-binary :all: pillow-simd==12.1.1.post0
 
 With `--cpu-per-file`, times instead the CPU seconds of one file on one thread, the methods
 alternating file by file (median of `--repeats`): fastload's read + decode + resize, Pillow's
@@ -27,7 +38,7 @@ alternating file by file (median of `--repeats`): fastload's read + decode + res
 file, no pipelining makes one of them much faster than the other at the same thread count.
 
     pip install -e ".[bench]"    # Pillow and scikit-image (the sample photographs)
-    python benches/bench_pack.py [--size 384] [--workers 2] [--simd-python /tmp/simd/bin/python]
+    python benches/bench_pack.py [--size 384] [--workers 1,2] [--simd-python /work/pillow-simd-venv/bin/python]
     python benches/bench_pack.py --cpu-per-file --corpora camera
 """
 
@@ -92,21 +103,39 @@ def make_folder(root: Path, sizes: tuple, count: int, seed: int = 0) -> int:
     return total
 
 
-def pillow_record(path: Path, side: int, draft: bool) -> bytes:
-    """One record the way a Pillow user would make it, with fastload's filter and geometry."""
+FILTERS = {"lanczos": Image.LANCZOS, "bilinear": Image.BILINEAR}
+
+
+def pillow_record(path: Path, side: int, draft: bool, resample: str = "lanczos") -> bytes:
+    """One record the way a Pillow user would make it, with fastload's geometry."""
     with Image.open(path) as im:
         if draft:
             im.draft("RGB", (side, side))
         im = ImageOps.exif_transpose(im).convert("RGB")
-        return ImageOps.fit(im, (side, side), Image.LANCZOS).tobytes()
+        return ImageOps.fit(im, (side, side), FILTERS[resample]).tobytes()
 
 
-def pillow_pack(files: list, dest: Path, side: int, workers: int, draft: bool) -> float:
+def pillow_pack(
+    folder: Path, dest: Path, side: int, workers: int, draft: bool, resample: str = "lanczos"
+) -> float:
+    """Seconds to list `folder`'s JPEGs and write their records to `dest` with a thread pool."""
     start = time.perf_counter()
+    files = sorted(folder.glob("*/*.jpg"))
     with ThreadPoolExecutor(workers) as pool, open(dest, "wb") as out:
-        for record in pool.map(lambda p: pillow_record(p, side, draft), files):
+        for record in pool.map(lambda p: pillow_record(p, side, draft, resample), files):
             out.write(record)
     return time.perf_counter() - start
+
+
+def fsync_seconds(path: Path) -> float:
+    """Seconds to rewrite `path` (a store-sized file) and fsync it: what durability costs."""
+    data = path.read_bytes()
+    with open(path.with_suffix(".fsync"), "wb") as out:
+        out.write(data)
+        out.flush()
+        start = time.perf_counter()
+        os.fsync(out.fileno())
+        return time.perf_counter() - start
 
 
 def reference(path: Path, side: int) -> np.ndarray:
@@ -137,12 +166,15 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, Pillow {PIL.__version__}"
 
 
-def simd_pack(python: str, files: list, dest: Path, side: int, workers: int, draft: bool) -> float:
-    """Times pillow_pack in another Python (pillow-simd's); returns its seconds."""
+def simd_pack(
+    python: str, folder: Path, dest: Path, side: int, workers: int, draft: bool, resample: str
+) -> float:
+    """Times pillow_pack in another Python (Pillow-SIMD's); returns its seconds."""
     out = subprocess.run(
         [python, __file__, "--pillow-only", str(dest), "--size", str(side), "--workers", str(workers)]
+        + ["--resample", resample]
         + (["--draft"] if draft else [])
-        + [str(f) for f in files],
+        + [str(folder)],
         check=True,
         capture_output=True,
         text=True,
@@ -150,51 +182,84 @@ def simd_pack(python: str, files: list, dest: Path, side: int, workers: int, dra
     return float(out.stdout)
 
 
+def simd_version(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import PIL.features as f, PIL; print(PIL.__version__, f.version('jpg'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
 def run_corpus(name: str, tmp: Path, args) -> None:
     import fastload
 
     sizes, count = CORPORA[name]
+    count = args.files or count
     src = tmp / name
     source_bytes = make_folder(src, sizes, count)
-    files = sorted(src.glob("photos/*.jpg"))
     side = args.size
-    methods = {
-        "fastload": lambda dest: timed(
-            lambda: fastload.pack(
-                src, dest, side, resize="crop", workers=args.workers, quiet=True, overwrite=True
+    workers = [int(w) for w in str(args.workers).split(",")]
+
+    def methods_for(n: int) -> dict:
+        methods = {
+            "fastload": lambda dest: timed(
+                lambda: fastload.pack(src, dest, side, resize="crop", workers=n, quiet=True, overwrite=True)
+            ),
+            "pillow+draft": lambda dest: pillow_pack(src, dest, side, n, draft=True),
+            "pillow": lambda dest: pillow_pack(src, dest, side, n, draft=False),
+        }
+        if args.simd_python:
+            simd = args.simd_python
+            methods["simd+draft"] = lambda dest: simd_pack(simd, src, dest, side, n, True, "lanczos")
+            methods["simd+draft bilinear"] = lambda dest: simd_pack(
+                simd, src, dest, side, n, True, "bilinear"
             )
-        ),
-        "pillow+draft": lambda dest: pillow_pack(files, dest, side, args.workers, draft=True),
-        "pillow": lambda dest: pillow_pack(files, dest, side, args.workers, draft=False),
-    }
-    if args.simd_python:
-        methods["simd+draft"] = lambda dest: simd_pack(
-            args.simd_python, files, dest, side, args.workers, True
-        )
-        methods["simd"] = lambda dest: simd_pack(args.simd_python, files, dest, side, args.workers, False)
-    times = {m: [] for m in methods}
-    load = os.getloadavg()[0]
+            methods["simd"] = lambda dest: simd_pack(simd, src, dest, side, n, False, "lanczos")
+        return methods
+
+    runs = {n: methods_for(n) for n in workers}
+    times = {(n, m): [] for n in workers for m in runs[n]}
+    loads = []
     for _ in range(args.repeats):
-        for method, run in methods.items():
-            times[method].append(run(tmp / f"{name}-{method}.out"))
-    load = f"{load:.1f} -> {os.getloadavg()[0]:.1f}"
-    references = np.stack([reference(f, side) for f in files])
-    records = {"fastload": np.asarray(fastload.Store(tmp / f"{name}-fastload.out").images)}
-    for method in methods:
+        loads.append(os.getloadavg()[0])
+        for n in workers:
+            for method, run in runs[n].items():
+                times[n, method].append(run(tmp / f"{name}-{method}.out"))
+    loads.append(os.getloadavg()[0])
+    fsync = statistics.median(fsync_seconds(tmp / f"{name}-pillow.out") for _ in range(args.repeats))
+    references = np.stack([reference(f, side) for f in sorted(src.glob("photos/*.jpg"))])
+    quality = {"fastload": psnr(np.asarray(fastload.Store(tmp / f"{name}-fastload.out").images), references)}
+    for method in runs[workers[0]]:
         if method != "fastload":
-            records[method] = np.fromfile(tmp / f"{name}-{method}.out", np.uint8).reshape(references.shape)
+            records = np.fromfile(tmp / f"{name}-{method}.out", np.uint8).reshape(references.shape)
+            quality[method] = psnr(records, references)
     print(
         f"{name}: {count} JPEGs {'/'.join(f'{w}x{h}' for w, h in sizes)}, {source_bytes / 1e6:.1f} MB, "
-        f"-> {side}x{side} crop, {args.workers} workers, median of {args.repeats}, load average {load}"
+        f"-> {side}x{side} crop, median of {args.repeats}, "
+        f"load average at each round {' '.join(f'{x:.1f}' for x in loads)}"
     )
-    ours = times["fastload"]
-    for method, seconds in times.items():
-        pairs = [theirs / mine for mine, theirs in zip(ours, seconds)]
-        print(
-            f"  {method:13} {statistics.median(seconds):6.2f} s {count / statistics.median(seconds):7.1f} files/s  "
-            f"fastload is {statistics.median(pairs):5.2f}x faster (pairs {', '.join(f'{r:.2f}' for r in pairs)})  "
-            f"PSNR {psnr(records[method], references):5.1f} dB"
-        )
+    for n in workers:
+        print(f"  {n} worker{'s' if n > 1 else ''}:")
+        ours = times[n, "fastload"]
+        for method in runs[n]:
+            seconds = times[n, method]
+            pairs = [theirs / mine for mine, theirs in zip(ours, seconds)]
+            print(
+                f"    {method:20} {statistics.median(seconds):6.2f} s {count / statistics.median(seconds):7.1f} "
+                f"files/s  fastload is {statistics.median(pairs):5.2f}x faster "
+                f"(pairs {', '.join(f'{r:.2f}' for r in pairs)})  PSNR {quality[method]:6.2f} dB"
+            )
+    if len(workers) > 1:
+        first, last = workers[0], workers[-1]
+        for method in runs[first]:
+            pairs = [a / b for a, b in zip(times[first, method], times[last, method])]
+            print(
+                f"  {method:22} {last} workers / {first}: {statistics.median(pairs):4.2f}x "
+                f"(pairs {', '.join(f'{r:.2f}' for r in pairs)})"
+            )
+    print(f"  fsync of a {(tmp / f'{name}-pillow.out').stat().st_size / 1e6:.0f} MB file: {fsync:.3f} s")
 
 
 def cpu_per_file(name: str, tmp: Path, args) -> None:
@@ -215,6 +280,7 @@ def cpu_per_file(name: str, tmp: Path, args) -> None:
             im.load()
 
     sizes, count = CORPORA[name]
+    count = args.files or count
     make_folder(tmp / name, sizes, count)
     files = sorted((tmp / name).glob("photos/*.jpg"))
     side = args.size
@@ -250,7 +316,8 @@ def timed(f) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=384)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", default="2", help="thread counts, comma-separated (e.g. 1,2)")
+    parser.add_argument("--files", type=int, help="JPEGs per corpus (default: web 100, hd 24, camera 24)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--corpora", default="web,hd,camera")
     parser.add_argument("--simd-python", help="a Python with pillow-simd installed, for two more columns")
@@ -259,16 +326,16 @@ def main() -> None:
     )
     parser.add_argument("--pillow-only", help=argparse.SUPPRESS)  # the subprocess of simd_pack
     parser.add_argument("--draft", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("files", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument("--resample", default="lanczos", help=argparse.SUPPRESS)
+    parser.add_argument("folder", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pillow_only:
-        print(
-            pillow_pack(
-                [Path(f) for f in args.files], Path(args.pillow_only), args.size, args.workers, args.draft
-            )
-        )
+        folder, dest = Path(args.folder[0]), Path(args.pillow_only)
+        print(pillow_pack(folder, dest, args.size, int(args.workers), args.draft, args.resample))
         return
     print(f"machine: {machine()}")
+    if args.simd_python:
+        print(f"Pillow-SIMD (--simd-python {args.simd_python}): {simd_version(args.simd_python)}")
     print(f"command: {' '.join([Path(sys.executable).name] + sys.argv)}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.corpora.split(","):

@@ -28,6 +28,9 @@ pub const PARTIAL_SUFFIX: &str = ".fastload-partial";
 const NAME_MAX: usize = 255;
 /// Bytes a temporary name adds to its stem: `.` + `.PID` (10 digits at most) + `.RANDOM` + suffix.
 const TEMP_NAME_EXTRA: usize = 1 + 11 + 17 + PARTIAL_SUFFIX.len();
+/// Bytes of records handed to the kernel, past which the writer asks it to start sending them
+/// to the disk (see [`StoreWriter::start_writeback`]).
+const WRITEBACK_BYTES: u64 = 16 << 20;
 /// Attempts at a fresh temporary file before giving up (each one collides only by sheer chance
 /// or by losing a race with another writer's cleanup).
 const CREATE_ATTEMPTS: usize = 8;
@@ -46,6 +49,8 @@ pub struct StoreWriter {
     labels: Vec<u8>,
     checksums: Vec<u8>,
     count: u64,
+    /// Bytes of the temporary file whose writeback has been started (from its start).
+    writeback_started: u64,
 }
 
 /// The part of a temporary name that ties it to its destination: the destination's name,
@@ -324,6 +329,7 @@ impl StoreWriter {
             labels: Vec::new(),
             checksums: Vec::new(),
             count: 0,
+            writeback_started: 0,
         })
     }
 
@@ -385,7 +391,34 @@ impl StoreWriter {
         {
             self.append(image, label.try_into().unwrap())?;
         }
+        self.start_writeback();
         Ok(())
+    }
+
+    /// Asks Linux to start writing back the records already handed to the kernel, once
+    /// [`WRITEBACK_BYTES`] have gathered since the last call (sync_file_range WRITE: it
+    /// waits for no disk write). Without it the dirty pages of a whole store wait for the
+    /// fsync of `commit`, which then idles every core for as long as the disk takes to
+    /// write them (a 265 MB pack store: about 0.2 s of its 1 s). A hint: the fsync still
+    /// makes the store durable and reports any write error; nothing happens on other systems.
+    fn start_writeback(&mut self) {
+        let Some(out) = self.out.as_ref() else { return };
+        let stride = (self.image_len + self.padding.len()) as u64;
+        let handed = HEADER_SIZE as u64 + self.count * stride - out.buffer().len() as u64;
+        if handed < self.writeback_started + WRITEBACK_BYTES {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        // SAFETY: a valid descriptor of this writer's open file and a byte range of it.
+        unsafe {
+            libc::sync_file_range(
+                out.get_ref().as_raw_fd(),
+                self.writeback_started as libc::off64_t,
+                (handed - self.writeback_started) as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+        self.writeback_started = handed;
     }
 
     /// Writes labels, checksums, metadata and the header, fsyncs and moves the file into place.

@@ -16,8 +16,11 @@ use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits, RgbIma
 use super::budget::ByteBudget;
 use super::io::read_image_file;
 use super::jpeg::{dct_scale, decode_jpeg, libjpeg_frame, scaled};
+use super::region;
 use super::resize::{needed_size, oriented, resize_into};
-use super::{Outcome, Packed, ResizeSpec, ALPHA_BACKGROUND, MAX_DECODE_ALLOC, MAX_PIXELS};
+use super::{
+    Outcome, Packed, ResizeMode, ResizeSpec, ALPHA_BACKGROUND, MAX_DECODE_ALLOC, MAX_PIXELS,
+};
 
 thread_local! {
     /// Set while this thread runs a decode under `guarded`, whose panics are reported as
@@ -84,7 +87,11 @@ pub(super) fn load_into(
             let file = 2 * bytes.len() as u64 + coefficients;
             let _held = budget.reserve(decode_footprint((width, height), pixels, file, spec));
             drop(decoder);
-            let (decoded, warned) = decode_jpeg(&bytes, scale)?;
+            // A centred crop of an upright image reads only part of it: decode that part.
+            let region = (spec.mode == ResizeMode::Crop
+                && orientation == Orientation::NoTransforms)
+                .then(|| region::crop_region((width, height), (spec.width, spec.height)));
+            let (decoded, warned) = decode_jpeg(&bytes, scale, region)?;
             warnings = warned;
             let mut image = DynamicImage::ImageRgb8(decoded);
             image.apply_orientation(orientation);

@@ -7,6 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use image::RgbImage;
 use mozjpeg_sys::{jpeg_common_struct, jpeg_error_mgr, jpeg_std_error};
 
+use super::region::Region;
 use super::MAX_WARNINGS_KEPT;
 
 /// A side of `side` pixels decoded at `scale`/8, as libjpeg rounds it (up).
@@ -69,13 +70,18 @@ pub(super) fn libjpeg_frame(bytes: &[u8]) -> Option<JpegFrame> {
 }
 
 /// Decodes a JPEG to RGB at `scale`/8 of its size in the DCT domain (libjpeg-turbo),
-/// before any EXIF orientation, with libjpeg's warnings about the file (see
-/// [`JpegWarnings`]). libjpeg reports fatal errors by unwinding, caught here.
+/// before any EXIF orientation (only the pixels of `region` when given, see
+/// [`region`](super::region)), with libjpeg's warnings about the file (see [`JpegWarnings`]).
+/// libjpeg reports fatal errors by unwinding, caught here.
 pub(super) fn decode_jpeg(
     bytes: &[u8],
     scale: u8,
+    region: Option<Region>,
 ) -> std::result::Result<(RgbImage, Vec<String>), String> {
     let decode = || -> std::io::Result<RgbImage> {
+        if let Some(region) = region {
+            return super::region::decode(bytes, scale, region, warning_error_mgr());
+        }
         let mut decompress = mozjpeg::Decompress::builder()
             .with_err(warning_error_mgr())
             .from_mem(bytes)?;

@@ -39,6 +39,7 @@ mod budget;
 mod decode;
 mod io;
 mod jpeg;
+mod region;
 mod resize;
 #[cfg(test)]
 mod tests;
@@ -219,7 +220,7 @@ impl Decoder {
         let spec = self.spec;
         let budget = &self.budget;
         let stopped = AtomicBool::new(false);
-        let work = || {
+        let mut work = || {
             out[..needed]
                 .par_chunks_mut(image_len)
                 .zip(paths.par_iter())
@@ -231,26 +232,43 @@ impl Decoder {
                 })
                 .collect::<Vec<Outcome>>()
         };
+        // The chunk is one job on the pool, not a thread spawned per chunk: between two chunks
+        // the workers wait only for this thread, not also for a new thread to be scheduled.
+        let shared;
+        let pool = match &self.pool {
+            Some(p) => p,
+            None => {
+                shared = pool::pool();
+                &*shared
+            }
+        };
         let caller = std::thread::current();
-        let outcomes = std::thread::scope(|scope| {
-            let decoding = scope.spawn(|| {
-                let outcomes = match &self.pool {
-                    Some(p) => p.install(work),
-                    None => pool::install(work),
-                };
-                caller.unpark();
-                outcomes
+        let finished = AtomicBool::new(false);
+        let mut outcomes = None;
+        pool.in_place_scope(|scope| {
+            scope.spawn(|_| {
+                // Set on a panic too (the scope then re-raises it here), so the loop ends.
+                let _done = Finished(&finished, &caller);
+                outcomes = Some(work());
             });
-            while !decoding.is_finished() {
+            while !finished.load(Ordering::Acquire) {
                 std::thread::park_timeout(POLL_INTERVAL);
-                if !decoding.is_finished() && !stopped.load(Ordering::Relaxed) && stop() {
+                if !finished.load(Ordering::Acquire) && !stopped.load(Ordering::Relaxed) && stop() {
                     stopped.store(true, Ordering::Relaxed);
                 }
             }
-            decoding
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         });
+        let outcomes = outcomes.expect("the chunk's job ran to its end");
         Ok((!stopped.into_inner()).then_some(outcomes))
+    }
+}
+
+/// Marks a chunk's job as finished and wakes the thread waiting for it, when dropped.
+struct Finished<'a>(&'a AtomicBool, &'a std::thread::Thread);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+        self.1.unpark();
     }
 }

@@ -394,7 +394,7 @@ fn a_scaled_jpeg_keeps_its_exif_orientation() {
 
 #[test]
 fn libjpeg_failures_become_messages() {
-    let err = decode_jpeg(b"\xFF\xD8 not a JPEG after all", 8).unwrap_err();
+    let err = decode_jpeg(b"\xFF\xD8 not a JPEG after all", 8, None).unwrap_err();
     assert!(err.starts_with("corrupt or truncated image: "), "{err}");
     assert_eq!(libjpeg_frame(b"\x89PNG"), None);
     let cmyk = [0xFF, 0xD8, 0xFF, 0xC0, 0, 17, 8, 0, 8, 0, 8, 4];
