@@ -428,6 +428,7 @@ def test_from_spec_builds_the_documented_augmentations():
 
 
 def test_from_spec_skips_empty_and_none_terms_and_takes_every_amount():
+    assert Augment.from_spec("flip").seed == Augment().seed == 0
     aug = Augment.from_spec("none, ,flip,,vflip=0.25,translate=0.2,rotate")
     assert (aug.hflip, aug.vflip, aug.translate, aug.degrees) == (0.5, 0.25, 0.2, 10.0)
     assert Augment.from_spec("rotate=30").degrees == 30.0
@@ -654,6 +655,9 @@ def test_preview_defaults_later_epochs_and_the_white_lines_between_tiles(store_p
     aug = Augment(size=(6, 5), hflip=0.5)
     assert save_preview(store_path, tmp_path / "a.png", aug) == (8 * 7 + 2, 4 * 8 + 2)
     store = Store(store_path)
+    first = aug(torch.from_numpy(store.gather([0])[0]), [0], 0)  # record 0 at epoch 0, top left
+    expected = (first[0] * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "a.png"))[2:8, 2:7], expected)
     assert save_preview(store, tmp_path / "b.png", aug, records=3, epochs=2, first_epoch=5) == (
         2 * 7 + 2,
         3 * 8 + 2,
@@ -698,8 +702,8 @@ def test_preview_refuses_what_it_cannot_draw_by_name(store_path, tmp_path, monke
     assert save_preview(store_path, out, Augment(size=1), records=256, epochs=256) == (256 * 3 + 2, N * 3 + 2)
     with pytest.raises(TypeError, match="^preview path must be"):
         save_preview(store_path, 42, Augment())
-    with pytest.raises(ValueError, match="^preview .*is a directory"):
-        save_preview(store_path, tmp_path, Augment())
+    with pytest.raises(ValueError, match="^preview .*is a directory"):  # before the store is read
+        save_preview(tmp_path / "missing.bin", tmp_path, Augment())
     monkeypatch.setitem(sys.modules, "PIL.Image", None)  # Pillow not installed
     with pytest.raises(
         fastload.MissingDependencyError,
@@ -759,6 +763,24 @@ def test_the_broadcast_grid_equals_affine_grid(size):
     theta = torch.randn(6, 2, 3, generator=torch.Generator().manual_seed(0))
     expected = torch.nn.functional.affine_grid(theta, [6, 3, *size], align_corners=False)
     torch.testing.assert_close(affine_grid(theta, *size), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("jitter", ["all", "brightness"])  # brightness alone: its gain folded into the scale
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_the_torch_path_cuda_runs_matches_the_cpu_kernel(dtype, jitter):
+    """CUDA, and every dtype but float32 on the CPU, augment and normalise with torch ops
+    (grid_sample with border padding, the jitter's folded gains, scale and shift), the CPU's
+    float32 with the native kernel: both give the same pixels, checked here without a GPU."""
+    images = smooth_images(n=16)
+    aug = Augment(size=(8, 8), scale=(0.3, 1.0), hflip=0.5, vflip=0.5, degrees=30, translate=0.2,
+                  brightness=0.4, contrast=0.4 * (jitter == "all"), saturation=0.4 * (jitter == "all"), seed=7)  # fmt: skip
+    options = dict(
+        mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25), augment=aug, keys=torch.arange(100, 116), epoch=3
+    )
+    kernel = to_device(images, "cpu", **options)
+    torch_ops = to_device(images, "cpu", dtype=dtype, **options)
+    tolerance = 2e-4 if dtype == torch.float64 else 0.05
+    torch.testing.assert_close(torch_ops.float(), kernel, atol=tolerance, rtol=0)
 
 
 def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):
