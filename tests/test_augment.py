@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
+import fastload
 from fastload import Augment, FastLoadDataset, StoreWriter, cli, to_device
 from fastload.augment import MAX_JITTER, _signed, _splitmix64_int, splitmix64, uniforms
 from fastload.preview import save_preview
@@ -278,6 +279,20 @@ def test_jitter_matches_colorjitter_formulas(factors):
             np.testing.assert_allclose(got[i], tv.permute(1, 2, 0).numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_jitter_matches_colorjitter_formulas_on_the_torch_path(dtype):
+    """Every dtype but float32 (and CUDA) runs the torch ops, whose grey is their own: the same
+    ITU-R 601 weights as the CPU kernel and torchvision."""
+    images = smooth_images()
+    aug = fixed(
+        Augment(brightness=0.5, contrast=0.5, saturation=0.9), brightness=1.1, contrast=0.6, saturation=1.7
+    )
+    got = as_hwc(aug(images, torch.arange(3), 0, dtype=dtype).double())
+    for i in range(3):
+        ref = hand_jitter(images[i].numpy() / 255.0, 1.1, 0.6, 1.7)
+        np.testing.assert_allclose(got[i], ref, atol=1e-5 if dtype == torch.float64 else 4e-3)
+
+
 def test_jitter_factors_span_their_range():
     p = Augment(brightness=0.4, contrast=0.2).params(torch.arange(5000), 0, 8, 8)
     for name, strength in (("brightness", 0.4), ("contrast", 0.2)):
@@ -411,6 +426,19 @@ def test_from_spec_builds_the_documented_augmentations():
         Augment.from_spec("rotate=lots")
     with pytest.raises(ValueError, match="probability"):
         Augment.from_spec("flip=2")
+
+
+def test_from_spec_skips_empty_and_none_terms_and_takes_every_amount():
+    assert Augment.from_spec("flip").seed == Augment().seed == 0
+    aug = Augment.from_spec("none, ,flip,,vflip=0.25,translate=0.2,rotate")
+    assert (aug.hflip, aug.vflip, aug.translate, aug.degrees) == (0.5, 0.25, 0.2, 10.0)
+    assert Augment.from_spec("rotate=30").degrees == 30.0
+    assert not Augment.from_spec("").active and not Augment.from_spec("none").active
+
+
+def test_repr_shows_only_what_differs_from_the_defaults():
+    assert repr(Augment()) == "Augment()"
+    assert repr(Augment(size=8, hflip=0.5, seed=3)) == "Augment(size=(8, 8), hflip=0.5, seed=3)"
 
 
 @pytest.mark.parametrize(
@@ -618,6 +646,73 @@ def test_preview_refuses_counts_that_are_not_whole_numbers(store_path, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_preview_defaults_later_epochs_and_the_white_lines_between_tiles(store_path, tmp_path):
+    """4 records by 8 epochs unless told; `first_epoch` is the first column; tiles are cut by
+    white lines; every pixel value survives, 0 and 255 included."""
+    from PIL import Image
+
+    from fastload import Store
+
+    aug = Augment(size=(6, 5), hflip=0.5)
+    assert save_preview(store_path, tmp_path / "a.png", aug) == (8 * 7 + 2, 4 * 8 + 2)
+    store = Store(store_path)
+    first = aug(torch.from_numpy(store.gather([0])[0]), [0], 0)  # record 0 at epoch 0, top left
+    expected = (first[0] * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "a.png"))[2:8, 2:7], expected)
+    assert save_preview(store, tmp_path / "b.png", aug, records=3, epochs=2, first_epoch=5) == (
+        2 * 7 + 2,
+        3 * 8 + 2,
+    )
+    assert not store.closed  # a Store given is the caller's: left open
+    picture = np.asarray(Image.open(tmp_path / "b.png"))
+    for row, record in enumerate([0, 34, 69]):
+        for column, epoch in enumerate([5, 6]):
+            tile = aug(torch.from_numpy(store.gather([record])[0]), [record], epoch)
+            expected = (tile[0] * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+            top, left = 2 + row * 8, 2 + column * 7
+            np.testing.assert_array_equal(picture[top : top + 6, left : left + 5], expected)
+            assert (picture[top + 6 : top + 8, left : left + 5] == 255).all()  # the line below
+            assert (picture[top : top + 6, left + 5 : left + 7] == 255).all()  # and right of it
+    black = tmp_path / "black.bin"
+    with StoreWriter(black, (4, 4, 1)) as w:  # one record, one channel, 0 and 255 pixels
+        w.append(np.array([[0, 255] * 2] * 4, np.uint8), 0.0)
+    assert save_preview(black, tmp_path / "c.png", Augment(), records=2, epochs=1) == (6 + 2, 6 + 2)
+    gray = np.asarray(Image.open(tmp_path / "c.png"))
+    assert gray.ndim == 2 and gray[2:6, 2:6].tolist() == [[0, 255] * 2] * 4
+
+
+def test_preview_refuses_what_it_cannot_draw_by_name(store_path, tmp_path, monkeypatch):
+    empty, four = tmp_path / "empty.bin", tmp_path / "rgba.bin"
+    StoreWriter(empty, (2, 2, 3)).commit()
+    with StoreWriter(four, (2, 2, 4)) as w:
+        w.append(np.zeros((2, 2, 4), np.uint8), 0.0)
+    out = tmp_path / "out" / "grid.png"
+    out.parent.mkdir()
+    for store, message in (
+        (empty, "empty.bin: the store has no records to preview$"),
+        (four, "rgba.bin: a preview needs 1 or 3 channels, not 4$"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            save_preview(store, out, Augment())
+    for records, epochs in ((257, 1), (1, 257)):
+        with pytest.raises(
+            ValueError, match=f"^need records and epochs between 1 and 256 .*, not {records} and {epochs}$"
+        ):
+            save_preview(store_path, out, Augment(), records=records, epochs=epochs)
+    # the bound itself is drawn; the rows are the store's N records at most
+    assert save_preview(store_path, out, Augment(size=1), records=256, epochs=256) == (256 * 3 + 2, N * 3 + 2)
+    with pytest.raises(TypeError, match="^preview path must be"):
+        save_preview(store_path, 42, Augment())
+    with pytest.raises(ValueError, match="^preview .*is a directory"):  # before the store is read
+        save_preview(tmp_path / "missing.bin", tmp_path, Augment())
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)  # Pillow not installed
+    with pytest.raises(
+        fastload.MissingDependencyError,
+        match="^the augmentation preview needs PIL, which is not installed: pip install pillow$",
+    ):
+        save_preview(store_path, out, Augment())
+
+
 def test_cli_augment_preview_writes_the_grid(store_path, tmp_path):
     out = tmp_path / "grid.png"
     result = run_cli(
@@ -669,6 +764,24 @@ def test_the_broadcast_grid_equals_affine_grid(size):
     theta = torch.randn(6, 2, 3, generator=torch.Generator().manual_seed(0))
     expected = torch.nn.functional.affine_grid(theta, [6, 3, *size], align_corners=False)
     torch.testing.assert_close(affine_grid(theta, *size), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("jitter", ["all", "brightness", "brightness,saturation"])  # gains folded differently
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_the_torch_path_cuda_runs_matches_the_cpu_kernel(dtype, jitter):
+    """CUDA, and every dtype but float32 on the CPU, augment and normalise with torch ops
+    (grid_sample with border padding, the jitter's folded gains, scale and shift), the CPU's
+    float32 with the native kernel: both give the same pixels, checked here without a GPU."""
+    images = smooth_images(n=16)
+    aug = Augment(size=(8, 8), scale=(0.3, 1.0), hflip=0.5, vflip=0.5, degrees=30, translate=0.2,
+                  brightness=0.4, contrast=0.4 * (jitter == "all"), saturation=0.4 * (jitter != "brightness"), seed=7)  # fmt: skip
+    options = dict(
+        mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25), augment=aug, keys=torch.arange(100, 116), epoch=3
+    )
+    kernel = to_device(images, "cpu", **options)
+    torch_ops = to_device(images, "cpu", dtype=dtype, **options)
+    tolerance = 2e-4 if dtype == torch.float64 else 0.05
+    torch.testing.assert_close(torch_ops.float(), kernel, atol=tolerance, rtol=0)
 
 
 def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):
