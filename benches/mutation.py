@@ -50,6 +50,8 @@ MODULES = {
         "tests/test_dataset.py",
         "tests/test_dataset_store.py",
         "tests/test_distributed.py",
+        "tests/test_plan.py",
+        "tests/test_bad_input.py",
     ],
     "dataset/buffers.py": ["tests/test_buffers.py", "tests/test_prefetch.py", "tests/test_dataset.py"],
     "dataset/prefetch.py": ["tests/test_prefetch.py", "tests/test_buffers.py", "tests/test_dataset.py"],
