@@ -269,7 +269,11 @@ def test_a_dataloader_that_batches_the_batches_again_is_warned_about(tmp_path):
     with fastload.StoreWriter(path, (2, 2, 3)) as w:
         w.extend(np.zeros((6, 2, 2, 3), np.uint8), np.arange(6.0))
     ds = FastLoadDataset(path, batch_size=4, shuffle=False)
-    with pytest.warns(UserWarning, match="batch_size=None"):
+    message = (
+        "^FastLoadDataset yields whole batches, and this DataLoader batches them again into 5-D "
+        "tensors: pass batch_size=None, as in DataLoader\\(ds, batch_size=None\\)$"
+    )
+    with pytest.warns(UserWarning, match=message):
         images, _ = next(iter(torch.utils.data.DataLoader(ds)))
     assert images.dim() == 5  # what the warning is about
     with warnings.catch_warnings():
