@@ -52,6 +52,7 @@ MODULES = {
         "tests/test_distributed.py",
         "tests/test_plan.py",
         "tests/test_bad_input.py",
+        "tests/test_buffers.py",
     ],
     "dataset/buffers.py": ["tests/test_buffers.py", "tests/test_prefetch.py", "tests/test_dataset.py"],
     "dataset/prefetch.py": ["tests/test_prefetch.py", "tests/test_buffers.py", "tests/test_dataset.py"],
