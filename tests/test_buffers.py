@@ -3,6 +3,7 @@ reach is ever rewritten by the prefetcher, whatever way the batch is kept, and a
 memory the user moved (shared memory, a torch.multiprocessing queue) is never written again."""
 
 import ctypes
+import functools
 import pickle
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from fastload import FastLoadDataset, Store, StoreWriter
+from fastload.dataset import buffers
 from fastload.dataset.buffers import COPIES_IN_FLIGHT, BufferPool
 
 RECORDS = 48
@@ -206,6 +208,21 @@ def test_held_batches_are_never_overwritten(store_path):
     assert len(set(addresses)) < len(addresses)  # buffers of dropped batches were reused
 
 
+def test_a_torch_that_cannot_count_storage_users_never_reuses_a_buffer(store_path, monkeypatch):
+    """Where torch has no storage use count, nothing tells a held batch from a dropped one, so
+    no buffer is ever refilled: every batch, held or not, keeps the records it was yielded with."""
+    monkeypatch.setattr(buffers, "_STORAGE_USE_COUNT", None)
+    monkeypatch.setattr(buffers, "_dying_view_count", functools.cache(buffers._dying_view_count.__wrapped__))
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 4, prefetch=2, return_indices=True)
+    held = [batch for _ in range(2) for batch in ds]
+    assert len({images.data_ptr() for images, _, _ in held}) == len(held)
+    for images, labels, idx in held:
+        expected_images, expected_labels = store.gather(idx.numpy())
+        np.testing.assert_array_equal(images.numpy(), expected_images)
+        np.testing.assert_array_equal(labels.numpy(), expected_labels)
+
+
 def test_buffers_are_reused_across_epochs_and_early_breaks(store_path, monkeypatch):
     allocations = []
     allocate = BufferPool._allocate
@@ -223,6 +240,26 @@ def test_buffers_are_reused_across_epochs_and_early_breaks(store_path, monkeypat
     # still held from the epoch before (the loop variable outlives the loop)
     assert len(allocations) <= 2 + 1 + 1
     assert len(allocations) < len(ds)
+
+
+@pytest.mark.parametrize("cuda_in_use", [False, True])
+def test_a_moved_batch_does_not_hold_back_the_buffers_freed_with_it(monkeypatch, cuda_in_use):
+    """Two batches let go of at once, the first moved to shared memory on the way: the moved
+    one is retired and the other is reused, not left behind and replaced by a new allocation;
+    unpinned, it never waits for a GPU copy, even in a process that uses CUDA."""
+    if cuda_in_use:
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "Event", None)  # an unpinned buffer records no event
+    pool = BufferPool(2, (2, 2, 1), np.dtype(np.int64), pin=False, worker=False)
+    moved, kept = pool.take(), pool.take()
+    batches = [moved.images[:2], kept.images[:2]]
+    pool.lend(moved, batches[0])
+    pool.lend(kept, batches[1])
+    views = [batch[:1] for batch in batches]  # alive when the batches go: no buffer freed yet
+    views[0].share_memory_()
+    del batches, views
+    pool.reclaim()
+    assert pool.take() is kept
 
 
 def test_worker_batches_stay_valid_when_held(store_path):
@@ -296,8 +333,8 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
     pinned = []
 
     def allocate(*args, **kwargs):
-        if "pin_memory" in kwargs:
-            pinned.append(kwargs.pop("pin_memory"))
+        if "dtype" in kwargs:  # a batch buffer's images or labels: each must be pinned
+            pinned.append(kwargs.pop("pin_memory", False))
         return empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", allocate)
@@ -317,6 +354,28 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
     # `prefetch` ahead, the user's batch, and those whose copy is still queued: the pool
     # allocates rather than wait for a copy while fewer than COPIES_IN_FLIGHT are queued
     assert buffers <= 2 + 1 + COPIES_IN_FLIGHT
+
+
+def test_the_host_runs_at_most_copies_in_flight_batches_ahead_of_the_gpu(monkeypatch):
+    """Pinned batches dropped at once while the GPU runs none of the copies queued on them:
+    the pool allocates a buffer per batch while fewer than COPIES_IN_FLIGHT copies are pending,
+    then waits for the oldest copy and refills that buffer, so pinned memory stays bounded."""
+    stream = SimulatedStream()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", stream.event_class())
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *args, pin_memory=False, **kwargs: empty(*args, **kwargs))
+    pool = BufferPool(2, (2, 2, 1), np.dtype(np.int64), pin=True, worker=False)
+    taken, copies = [], {}
+    for _ in range(3 * COPIES_IN_FLIGHT):
+        buf = pool.take()
+        assert id(buf) not in copies or copies[id(buf)].done  # refilled once its copy ran
+        taken.append(buf)
+        pool.lend(buf, buf.images[:2])  # the batch is dropped at once; its copy stays queued
+        pool.reclaim()
+        copies[id(buf)] = buf.copied
+    assert len({id(buf) for buf in taken}) == COPIES_IN_FLIGHT
+    assert taken[COPIES_IN_FLIGHT] is taken[0]  # the oldest copy is waited for first
 
 
 def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path):

@@ -6,6 +6,7 @@ test_dataset_store.py)."""
 
 import collections
 import copy
+import pickle
 import warnings
 
 import numpy as np
@@ -195,6 +196,44 @@ def test_state_dict_rejects_bad_states(store_path):
         ds.load_state_dict({"seed": 0, "epoch": 1})
     with pytest.raises(ValueError, match="beyond"):
         ds.load_state_dict({"seed": 0, "epoch": 1, "position": len(ds) + 1})
+    with pytest.raises(TypeError, match="state must be a dict from state_dict\\(\\), not list"):
+        ds.load_state_dict([0, 1, 2])
+    with pytest.raises(ValueError, match="^position must be an integer >= 0, not -1$"):
+        ds.load_state_dict({"seed": 0, "epoch": 1, "position": -1})
+    with pytest.raises(ValueError, match="^seed must be an integer >= 0, not -1$"):
+        ds.load_state_dict({"seed": -1, "epoch": 1, "position": 0})
+    for bad in (1.5, "1", None):
+        with pytest.raises(ValueError, match=f"^epoch must be an integer from 0 to 2\\*\\*62, not {bad!r}$"):
+            ds.load_state_dict({"seed": 0, "epoch": bad, "position": 0})
+        with pytest.raises(ValueError, match="^epoch must be an integer"):
+            ds.set_epoch(bad)
+    assert ds.state_dict() == {"seed": 0, "epoch": 0, "position": 0}  # nothing half-loaded
+
+
+def test_a_loaded_state_is_reported_back_until_set_epoch_starts_over(store_path):
+    """state_dict() right after load_state_dict() is the state loaded (a job that saves again
+    before its first batch loses nothing); set_epoch() then starts that epoch from its start."""
+    ds = FastLoadDataset(store_path, 4, return_indices=True)
+    ds.load_state_dict({"seed": 3, "epoch": 1, "position": 5})
+    assert ds.state_dict() == {"seed": 3, "epoch": 1, "position": 5}
+    ds.set_epoch(1)
+    assert ds.state_dict() == {"seed": 3, "epoch": 1, "position": 0}
+    assert len(epoch(ds)) == len(ds)
+
+
+def test_a_copy_pickled_mid_epoch_starts_with_the_next_epoch_and_no_buffers(store_path):
+    """What a spawned DataLoader worker gets of a dataset the main process is iterating: the
+    store path and the epoch counter, not the batch buffers or the iteration under way."""
+    ds = FastLoadDataset(store_path, 4, seed=2, return_indices=True)
+    batches = iter(ds)
+    next(batches), next(batches)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert ds.state_dict() == {"seed": 2, "epoch": 0, "position": 2}
+    assert clone.state_dict() == {"seed": 2, "epoch": 1, "position": 0}
+    assert clone._pool is None
+    reference = FastLoadDataset(store_path, 4, seed=2, return_indices=True)
+    reference.set_epoch(1)
+    assert epoch(clone) == epoch(reference)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +269,11 @@ def test_a_dataloader_that_batches_the_batches_again_is_warned_about(tmp_path):
     with fastload.StoreWriter(path, (2, 2, 3)) as w:
         w.extend(np.zeros((6, 2, 2, 3), np.uint8), np.arange(6.0))
     ds = FastLoadDataset(path, batch_size=4, shuffle=False)
-    with pytest.warns(UserWarning, match="batch_size=None"):
+    message = (
+        "^FastLoadDataset yields whole batches, and this DataLoader batches them again into 5-D "
+        "tensors: pass batch_size=None, as in DataLoader\\(ds, batch_size=None\\)$"
+    )
+    with pytest.warns(UserWarning, match=message):
         images, _ = next(iter(torch.utils.data.DataLoader(ds)))
     assert images.dim() == 5  # what the warning is about
     with warnings.catch_warnings():
