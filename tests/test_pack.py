@@ -6,6 +6,7 @@ test_pack_labels.py too."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -877,3 +878,124 @@ def test_fill_takes_0_to_255(tmp_path):
     )
     assert store.meta["pack"]["fill"] == [0, 255, 7] and store.meta["pack"]["resize"] == "pad"
     assert np.asarray(store.images[0])[0, 0].tolist() == [0, 255, 7]
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (dict(size=0), ValueError, "size must be between 1 and 65535 pixels, not 0"),
+        (dict(size=(0, 8)), ValueError, "size must be between 1 and 65535 pixels, not (0, 8)"),
+        (dict(size=(1, 65536)), ValueError, "size must be between 1 and 65535 pixels, not (1, 65536)"),
+        (dict(size=(1, 2, 3)), ValueError, "size must be an int or (height, width), not (1, 2, 3)"),
+        (dict(size=(8, True)), ValueError, "size must be an int or (height, width), not (8, True)"),
+        (dict(size=2.5), ValueError, "size must be an int or (height, width), not 2.5"),
+        (dict(progress=5), TypeError, "progress must be a callable (done, total), not int"),
+        (dict(resize="stretch"), ValueError, "resize must be one of squash, crop, pad, not 'stretch'"),
+        (dict(label_dtype="int8"), ValueError, "label_dtype must be 'float64' or 'int64', not 'int8'"),
+        (dict(workers=2.5), ValueError, "workers must be an int, not 2.5"),
+        (dict(workers=True), ValueError, "workers must be an int, not True"),
+        (dict(labels=""), ValueError, "labels is an empty path; give the labels CSV file"),
+        (dict(labels=5), TypeError, "labels must be a str or os.PathLike, not int"),
+    ],
+)
+def test_bad_options_are_refused_word_for_word(tmp_path, options, error, message):
+    src = classes(tmp_path / "src")
+    with pytest.raises(error) as err:
+        fastload.pack(src, tmp_path / "s.fl", **{"size": 8, **options})
+    assert str(err.value) == message
+
+
+def test_src_and_dest_of_the_wrong_type_are_named(tmp_path):
+    with pytest.raises(TypeError) as err:
+        fastload.pack(None, tmp_path / "s.fl")
+    assert str(err.value) == "src must be a str or os.PathLike, not NoneType"
+    with pytest.raises(TypeError) as err:
+        fastload.pack(tmp_path, 5)
+    assert str(err.value) == "dest must be a str or os.PathLike, not int"
+    with pytest.raises(ValueError) as err:
+        fastload.pack(tmp_path, tmp_path / "s.fl", no_labels=True, labels=tmp_path / "l.csv")
+    assert str(err.value) == (
+        f"no_labels / --no-labels packs without labels: pass it or labels ({tmp_path / 'l.csv'}), not both"
+    )
+
+
+def test_sizes_at_the_edges_pack(tmp_path, monkeypatch):
+    src = classes(tmp_path / "src")
+    assert fastload.Store(fastload.pack(src, tmp_path / "a.fl", (1, 8)).path).shape == (1, 8, 3)
+    assert fastload.Store(fastload.pack(src, tmp_path / "b.fl", (1, 65535)).path).shape == (1, 65535, 3)
+    monkeypatch.setattr(pipeline, "MAX_CHUNK_BYTES", 8 * 8 * 3)  # a record may fill a chunk exactly
+    assert fastload.pack(src, tmp_path / "c.fl", 8).records == 2
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "d.fl", (8, 9))
+    assert str(err.value) == (
+        "size 8x9: one record takes 0 MiB, over the 0 MiB one chunk of records may hold; pack at a smaller size"
+    )
+
+
+def test_defaults_are_256_pixels_cropped_black_bars_and_a_timed_report(tmp_path):
+    src = classes(tmp_path / "src")
+    started = time.perf_counter()
+    report = fastload.pack(src, tmp_path / "s.fl")
+    took = time.perf_counter() - started
+    assert report.shape == (256, 256, 3) and fastload.Store(report.path).shape == (256, 256, 3)
+    assert 0 < report.seconds <= took
+    image(src / "wide" / "w.png", side=4).write_bytes(
+        (lambda b: b.getvalue())(_png_of(np.full((4, 8, 3), 200, np.uint8)))
+    )
+    padded = fastload.Store(fastload.pack(src, tmp_path / "p.fl", 8, resize="pad").path)
+    assert np.asarray(padded.images[padded.meta["sources"].index("wide/w.png")])[0, 0].tolist() == [0, 0, 0]
+
+
+def _png_of(array: np.ndarray) -> io.BytesIO:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG")
+    return buffer
+
+
+def test_when_no_image_can_be_packed_each_is_named(tmp_path):
+    src = tmp_path / "src"
+    for name in ("c/a.png", "c/b.png"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert str(err.value) == (
+        f"{src}: none of the 2 image(s) could be packed:\n  c/a.png: empty file\n  c/b.png: empty file"
+    )
+
+
+def test_when_every_image_is_left_out_there_is_nothing_to_pack(tmp_path):
+    src = tmp_path / "src"
+    image(src / "a.png")
+    (src / "cat").mkdir()  # a class with no image: a.png lies outside any class folder
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, skip_unlabelled=True)
+    assert str(err.value) == f"{src}: no images to pack\n  a.png: no label (skipped by request)"
+
+
+def test_strict_lists_every_bad_file_however_many(tmp_path):
+    src = classes(tmp_path / "src")
+    for i in range(25):
+        (src / "cat" / f"bad{i:02}.png").write_bytes(b"")
+    with pytest.raises(BadFilesError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, strict=True)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"25 file(s) in {src} cannot be packed (strict): nothing was written:"
+    assert lines[1:] == [f"  cat/bad{i:02}.png: empty file" for i in range(25)]
+
+
+def test_a_failed_write_of_the_last_chunk_fails_the_pack(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    chunked_folder(src)
+    extend, calls = fastload.StoreWriter.extend, []
+
+    def extend_until_the_disk_fills(writer, *args):
+        calls.append(len(args[0]))
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return extend(writer, *args)
+
+    monkeypatch.setattr(fastload.StoreWriter, "extend", extend_until_the_disk_fills)
+    with pytest.raises(OSError, match="No space left on device"):
+        fastload.pack(src, tmp_path / "s.fl", 8, workers=1)
+    assert calls == [15, 16, 7] and not (tmp_path / "s.fl").exists()
