@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import fastload
 from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import fit
-from fastload.train.checkpoint import load_checkpoint
+from fastload.train.checkpoint import load_checkpoint, load_group
 
 pytestmark = pytest.mark.safety  # full disks, crashes and hostile files, every test here
 COUNT, SIDE = 40, 8
@@ -317,3 +318,93 @@ def test_resuming_a_run_past_its_epochs_is_refused(store_path, tmp_path):
     fit(store_path, checkpoint=checkpoint, **SHARED)  # 2 epochs finished
     with pytest.raises(ValueError, match="has finished 2 epochs, more than the 1 of this run"):
         fit(store_path, resume=checkpoint, **{**SHARED, "epochs": 1})
+
+
+# ---------------------------------------------------------------- load_group on its own
+
+
+@pytest.fixture(scope="module")
+def steps_2_and_4(store_path, tmp_path_factory):
+    """Checkpoints of one run stopped at steps 2 and 4 (both in epoch 1), as bytes."""
+    folder = tmp_path_factory.mktemp("group")
+    for steps in (2, 4):
+        fit(store_path, checkpoint=folder / f"{steps}.ckpt", max_steps=steps, **SHARED)
+    return {steps: (folder / f"{steps}.ckpt").read_bytes() for steps in (2, 4)}
+
+
+def _group(folder, files: dict, steps_2_and_4) -> list:
+    """Writes `files` ({name: step}) into `folder`; the paths of run0 and run1."""
+    for name, step in files.items():
+        (folder / name).write_bytes(steps_2_and_4[step])
+    return [os.fspath(folder / "run0.ckpt"), os.fspath(folder / "run1.ckpt")]
+
+
+def _steps_of(chosen) -> list:
+    return [(os.path.basename(path), checkpoint["step"]) for path, checkpoint in chosen]
+
+
+def test_load_group_takes_the_runs_files_when_they_agree(tmp_path, steps_2_and_4):
+    paths = _group(tmp_path, {"run0.ckpt": 4, "run1.ckpt": 4, "run1.ckpt.previous": 2}, steps_2_and_4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: nothing was interrupted
+        chosen = load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    assert _steps_of(chosen) == [("run0.ckpt", 4), ("run1.ckpt", 4)]
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_load_group_resumes_an_interrupted_save_from_the_last_common_step(tmp_path, steps_2_and_4, repair):
+    # The save at step 4 renamed run0's new file into place, and stopped before run1's.
+    files = {"run0.ckpt": 4, "run0.ckpt.previous": 2, "run1.ckpt": 2}
+    paths = _group(tmp_path, files, steps_2_and_4)
+    with pytest.warns(UserWarning) as caught:
+        chosen = load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=repair)
+    assert str(caught[0].message) == (
+        f"resume {tmp_path}: the group's last save was interrupted before every run's checkpoint was in "
+        "place; every run resumes from step 2, the last step all of them saved"
+    )
+    if repair:  # run0's previous file is back in place
+        assert _steps_of(chosen) == [("run0.ckpt", 2), ("run1.ckpt", 2)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run0.ckpt", "run1.ckpt"]
+        assert load_checkpoint(tmp_path / "run0.ckpt")["step"] == 2
+    else:
+        assert _steps_of(chosen) == [("run0.ckpt.previous", 2), ("run1.ckpt", 2)]
+        assert load_checkpoint(tmp_path / "run0.ckpt")["step"] == 4
+
+
+def test_load_group_takes_the_latest_step_all_runs_hold(tmp_path, steps_2_and_4):
+    files = {"run0.ckpt": 4, "run0.ckpt.previous": 2, "run1.ckpt": 2, "run1.ckpt.previous": 4}
+    paths = _group(tmp_path, files, steps_2_and_4)
+    with pytest.warns(UserWarning, match="every run resumes from step 4"):
+        chosen = load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=False)
+    assert _steps_of(chosen) == [("run0.ckpt", 4), ("run1.ckpt.previous", 4)]
+
+
+def test_load_group_refuses_runs_that_stopped_apart_naming_each(tmp_path, steps_2_and_4):
+    paths = _group(tmp_path, {"run0.ckpt": 4, "run1.ckpt": 2}, steps_2_and_4)
+    with pytest.raises(ValueError) as err:
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    assert str(err.value) == (
+        f"resume {tmp_path}: the runs' checkpoints stopped at different places (run0: step 4, run1: step 2); "
+        "resume the runs that stopped together"
+    )
+    (tmp_path / "run0.ckpt").unlink()
+    (tmp_path / "run1.ckpt.previous").write_bytes(steps_2_and_4[4])
+    with pytest.raises(ValueError, match=r"\(run0: no checkpoint, run1: step 2 or step 4\)"):
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    for name in ("run1.ckpt", "run1.ckpt.previous"):
+        (tmp_path / name).unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    assert err.value.errno == errno.ENOENT
+    assert err.value.strerror == f"resume {tmp_path}: no checkpoint of these runs (run0.ckpt, run1.ckpt)"
+
+
+def test_load_group_refuses_one_step_in_two_data_orders(tmp_path, steps_2_and_4):
+    """Runs of a group share one data stream: the same step with another data seed is another place."""
+    paths = _group(tmp_path, {"run0.ckpt": 4, "run1.ckpt": 4}, steps_2_and_4)
+    other = torch.load(paths[1], weights_only=True)
+    other["partial"]["dataset"]["seed"] = 7
+    other["config"]["data_seed"] = 7
+    torch.save(other, paths[1])
+    with pytest.raises(ValueError, match=r"stopped at different places \(run0: step 4, run1: step 4\)"):
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
