@@ -97,7 +97,7 @@ def test_walk_lists_each_entry_that_is_not_an_image_with_its_reason(tmp_path, mo
     def unlistable(path):
         if os.path.basename(path) == "locked":  # root reads any folder: the failure is simulated
             raise PermissionError(13, "Permission denied", path)
-        return scandir(path)
+        return sorted(scandir(path), key=lambda entry: entry.name)  # "locked" is listed last, walked first
 
     monkeypatch.setattr(os, "scandir", unlistable)
     files, skipped, top_folders = walk(src, None)
