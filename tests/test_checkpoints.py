@@ -20,7 +20,7 @@ import fastload
 from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import fit
-from fastload.train.checkpoint import load_checkpoint, load_group
+from fastload.train.checkpoint import check_same_stores, load_checkpoint, load_group
 
 pytestmark = pytest.mark.safety  # full disks, crashes and hostile files, every test here
 COUNT, SIDE = 40, 8
@@ -408,3 +408,73 @@ def test_load_group_refuses_one_step_in_two_data_orders(tmp_path, steps_2_and_4)
     torch.save(other, paths[1])
     with pytest.raises(ValueError, match=r"stopped at different places \(run0: step 4, run1: step 4\)"):
         load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+
+
+# ---------------------------------------------------------------- load_checkpoint's checks on their own
+
+LOADED_HOSTILE = {
+    "meter wait a bool": (
+        lambda c: c["partial"]["meter"].update(wait=True),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "meter wait a string": (
+        lambda c: c["partial"]["meter"].update(wait="x"),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "meter seconds infinite": (
+        lambda c: c["partial"]["meter"].update(seconds=float("inf")),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "meter wait negative": (
+        lambda c: c["partial"]["meter"].update(wait=-0.5),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "CUDA states a tuple": (
+        lambda c: c["rng"].update(cuda=()),
+        "its CUDA random states are not a list of byte tensors",
+    ),
+    "CUDA state of floats": (
+        lambda c: c["rng"].update(cuda=[torch.zeros(16)]),
+        "its CUDA random states are not a list of byte tensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOADED_HOSTILE))
+def test_load_checkpoint_refuses_a_hostile_part(case, saved_mid_epoch, tmp_path):
+    edit, message = LOADED_HOSTILE[case]
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    edit(checkpoint)
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(checkpoint, hostile)
+    with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
+        load_checkpoint(hostile)
+
+
+def test_load_checkpoint_takes_a_meter_that_never_waited(saved_mid_epoch, tmp_path):
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    checkpoint["partial"]["meter"].update(wait=0, seconds=0.0)
+    torch.save(checkpoint, tmp_path / "idle.ckpt")
+    assert load_checkpoint(tmp_path / "idle.ckpt")["partial"]["meter"]["wait"] == 0
+
+
+STORE_A = {"path": "a.fastload", "fingerprint": "1"}
+STORE_B = {"path": "b.fastload", "fingerprint": "2"}
+
+
+def test_check_same_stores_compares_each_store_and_says_which_is_missing():
+    both = {"store": STORE_A, "validation store": STORE_B}
+    check_same_stores("r.ckpt", {"stores": both}, dict(both))
+    check_same_stores("r.ckpt", {}, both)  # written before fingerprints: compared by config alone
+    with pytest.raises(ValueError) as err:
+        check_same_stores("r.ckpt", {"stores": both}, {"store": STORE_A, "validation store": None})
+    assert str(err.value) == "r.ckpt: the checkpoint was written for a run with a validation store"
+    with pytest.raises(ValueError) as err:
+        check_same_stores("r.ckpt", {"stores": {"store": STORE_A, "validation store": None}}, both)
+    assert str(err.value) == "r.ckpt: the checkpoint was written for a run without a validation store"
+    with pytest.raises(ValueError) as err:  # one store absent from both sides: the next is still compared
+        check_same_stores("r.ckpt", {"stores": {"x": None, "y": STORE_A}}, {"x": None, "y": STORE_B})
+    assert str(err.value) == (
+        "r.ckpt: the checkpoint was trained on the y a.fastload, and b.fastload holds different records; "
+        "resume with the store it was trained on"
+    )
