@@ -429,6 +429,28 @@ LOADED_HOSTILE = {
         lambda c: c["partial"]["meter"].update(wait=-0.5),
         "its partial epoch's meter .* is not counts",
     ),
+    "no partial": (lambda c: c.pop("partial"), "it has no partial$"),
+    "partial not a dict": (_set("partial", "x"), "its partial epoch is not a dataset position and a meter$"),
+    "partial meter not a dict": (
+        lambda c: c["partial"].update(meter="x"),
+        "its partial epoch is not a dataset position and a meter$",
+    ),
+    "NumPy position past its keys": (
+        lambda c: c["rng"]["numpy"].__setitem__(2, 625),
+        "its NumPy random state is not an MT19937 state$",
+    ),
+    "Python word negative": (
+        lambda c: c["rng"]["python"].__setitem__(0, -1),
+        "its Python random state is not a Mersenne Twister state$",
+    ),
+    "Python word of 33 bits": (
+        lambda c: c["rng"]["python"].__setitem__(0, 2**32),
+        "its Python random state is not a Mersenne Twister state$",
+    ),
+    "Python position past its words": (
+        lambda c: c["rng"]["python"].__setitem__(624, 625),
+        "its Python random state is not a Mersenne Twister state$",
+    ),
     "CUDA states a tuple": (
         lambda c: c["rng"].update(cuda=()),
         "its CUDA random states are not a list of byte tensors",
@@ -449,6 +471,21 @@ def test_load_checkpoint_refuses_a_hostile_part(case, saved_mid_epoch, tmp_path)
     torch.save(checkpoint, hostile)
     with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
         load_checkpoint(hostile)
+
+
+def _edge_states(c):
+    c["rng"]["numpy"][2] = 624  # every key drawn
+    c["rng"]["python"][0] = 0
+    c["rng"]["python"][1] = 2**32 - 1
+    c["rng"]["python"][624] = 624
+
+
+@pytest.mark.parametrize("edit", [lambda c: c["rng"]["numpy"].__setitem__(2, 0), _edge_states])
+def test_load_checkpoint_takes_random_states_at_their_edges(saved_mid_epoch, tmp_path, edit):
+    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, tmp_path / "edges.ckpt")
+    assert load_checkpoint(tmp_path / "edges.ckpt")["step"] == 7
 
 
 def test_load_checkpoint_takes_a_meter_that_never_waited(saved_mid_epoch, tmp_path):
