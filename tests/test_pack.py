@@ -713,6 +713,10 @@ def test_the_report_reads_word_for_word(tmp_path):
     report.store_bytes, report.seconds = 2_500_000_000, 0.0
     assert "(2.50 GB) in 0.0 s: 0 files/s, 0.0 MB/s read" in str(report)
     assert report.files_per_second == 0.0 and report.mb_per_second == 0.0
+    report.store_bytes = 1_235_000_001  # rounds up in GB, down if divided by a bit more than 10**9
+    assert "(1.24 GB)" in str(report)
+    report.store_bytes = 1_250_001
+    assert "(1.3 MB)" in str(report)
 
 
 def chunked_folder(src: Path) -> list:
@@ -903,6 +907,32 @@ def test_bad_options_are_refused_word_for_word(tmp_path, options, error, message
     with pytest.raises(error) as err:
         fastload.pack(src, tmp_path / "s.fl", **{"size": 8, **options})
     assert str(err.value) == message
+
+
+def test_options_are_checked_before_the_folder_is_read(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png"])  # no labels: an error, but a later one
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, label_dtype="int8")
+    assert str(err.value) == "label_dtype must be 'float64' or 'int64', not 'int8'"
+
+
+def test_a_folder_without_images_lists_what_it_holds(tmp_path):
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    (src / "c" / "notes.txt").write_text("x")
+    extensions = ".bmp, .dib, .gif, .jfif, .jpe, .jpeg, .jpg, .png, .tif, .tiff, .webp"
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert (
+        str(err.value) == f"{src}: no images found (1 other file(s); images are files ending in {extensions})"
+    )
+    (src / ".DS_Store").write_text("x")
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert str(err.value) == (
+        f"{src}: no images found (1 other file(s); images are files ending in {extensions})\n"
+        "  .DS_Store: hidden file"
+    )
 
 
 def test_src_and_dest_of_the_wrong_type_are_named(tmp_path):
