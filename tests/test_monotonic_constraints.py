@@ -335,10 +335,11 @@ def test_bounds_must_come_together_word_for_word():
 
 
 def test_a_state_saved_in_float64_loads_into_a_float32_layer():
+    torch.manual_seed(0)
     saved = MonotoneLinear(3, 2, [1, 0, -1]).double()
     layer = MonotoneLinear(3, 2, [1, 0, -1])
     layer.load_state_dict(saved.state_dict())
-    assert torch.equal(layer.weight, saved.weight.float())
+    torch.testing.assert_close(layer.weight, saved.weight.float())  # softplus rounds in either dtype
 
 
 def test_a_refused_state_names_the_submodule_and_what_to_do():
