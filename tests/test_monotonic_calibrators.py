@@ -381,7 +381,7 @@ def test_a_wider_input_computes_in_its_dtype_exactly_as_a_wider_layer():
 def test_integer_codes_give_the_layers_dtype_and_bfloat16_inputs_compute_in_float32():
     categories = CategoricalCalibrator(3, 1).to(torch.bfloat16)
     assert categories(torch.tensor([0, 2])).dtype == torch.bfloat16
-    cal = PWLCalibrator(9, 0.0, 1.0, 1)
+    cal = PWLCalibrator(10, 0.0, 1.0, 1)  # 9 pieces: a cell's position is no exact bfloat16 product
     randomize(cal, seed=5, scale=1.0)
     x = torch.linspace(0.0, 1.0, 101).bfloat16()
     assert torch.equal(cal(x), cal(x.float()))  # a float32 result, computed in float32
