@@ -394,3 +394,62 @@ def test_a_calibrator_with_keypoints_gives_each_keypoints_output_exactly():
         randomize(cal, seed=seed, scale=3.0)
         with torch.no_grad():
             assert torch.equal(cal(torch.tensor(keypoints[:-1])), cal.keypoint_outputs()[:-1])
+
+
+@pytest.mark.parametrize(
+    ("build", "outputs"),
+    [
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 0), [0.0, 0.25, 0.5, 0.75, 1.0]),  # free: the identity too
+        (lambda: PWLCalibrator(5, 2.0, 4.0, 1, convexity=1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+        (lambda: PWLCalibrator(5, 2.0, 4.0, 0, convexity=-1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+        (
+            lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 3.0], monotonicity=-1, convexity=1),
+            [3.0, 2.0, 0.0],
+        ),
+        (
+            lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0, 10.0),
+            [1.0, 3.0, 5.0, 7.0, 9.0],
+        ),  # the middle of the bounds
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 0, 2.0, 4.0, convexity=1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 2.0, 4.0, convexity=1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+    ],
+    ids=[
+        "free",
+        "convex",
+        "free-concave",
+        "decreasing-convex-keypoints",
+        "bounded",
+        "bounded-free-convex",
+        "bounded-convex",
+    ],
+)
+def test_a_calibrator_starts_as_a_line_through_its_range(build, outputs):
+    torch.testing.assert_close(build().keypoint_outputs().detach(), torch.tensor(outputs), atol=1e-4, rtol=0)
+
+
+def test_given_keypoints_are_kept_in_float64():
+    cal = PWLCalibrator(input_keypoints=[0.0, 0.1, 1.0])
+    assert cal.keypoints.dtype == torch.float64 and cal.keypoints.tolist() == [0.0, 0.1, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: PWLCalibrator(input_min=0.0, input_max=1.0),
+            "give either num_keypoints, input_min and input_max, or input_keypoints",
+        ),
+        (
+            lambda: PWLCalibrator(input_min=0.0, input_keypoints=[0.0, 1.0]),
+            "give either num_keypoints, input_min and input_max, or input_keypoints",
+        ),
+        (
+            lambda: PWLCalibrator(input_keypoints=[1.0, 0.0]),
+            "input_keypoints must be strictly increasing, also when rounded to float32",
+        ),
+    ],
+)
+def test_keypoint_arguments_are_refused_word_for_word(build, message):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value) == message
