@@ -388,3 +388,74 @@ def test_a_lattice_past_the_size_limit_is_refused_before_it_is_built(build):
     # Each would allocate from gigabytes to terabytes; the count is made from the sizes first.
     with pytest.raises(ValueError, match=r"would build tables of .* entries .* \(MAX_LATTICE_ENTRIES\)"):
         build()
+
+
+def test_ensemble_subsets_of_a_seed_never_change():
+    """A saved state holds its subsets and loads only into an ensemble that draws the same ones:
+    the draw for given arguments is part of the format (seed 0 by default)."""
+    rows = LatticeEnsemble(6, 2, 4, 3, [1, 0, -1, 0, 0, 1]).input_index.tolist()
+    assert rows == [[2, 3], [5, 4], [0, 1], [0, 4]]
+
+
+def test_a_bounded_ensemble_stays_in_its_bounds_and_loads_a_legacy_state(monkeypatch):
+    mono = [1, 1, 1, -1, 0, 0, 0, 0]
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            lattice_module, "_draw_subsets", functools.partial(lattice_module._draw_subsets, distinct=False)
+        )
+        saved = LatticeEnsemble(8, 4, 4, 3, mono, seed=0, output_min=-1.0, output_max=-0.5)
+    randomize(saved, seed=2, scale=5.0)
+    model = LatticeEnsemble(8, 4, 4, 3, mono, seed=0, output_min=-1.0, output_max=-0.5)
+    model.load_state_dict(saved.state_dict())
+    x = 2 * torch.rand(64, 8)
+    with torch.no_grad():
+        out = model(x)
+        assert ((out >= -1.0) & (out <= -0.5)).all()
+        torch.testing.assert_close(out, saved(x))
+
+
+def test_an_ensemble_state_without_subsets_loads_when_not_strict():
+    model = LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1])
+    state = {k: v for k, v in model.state_dict().items() if k != "input_index"}
+    assert model.load_state_dict(state, strict=False).missing_keys == ["input_index"]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: LatticeEnsemble(9, 2, 4, 3, [0] * 9),
+            "num_lattices * lattice_rank = 8 cannot cover 9 inputs",
+        ),
+        (
+            lambda: LatticeEnsemble(3, 2, 2, 3, [0, 2, 1]),
+            "monotonicities must contain only (-1, 0, 1) (or 'increasing', 'decreasing', None), got [2]",
+        ),
+    ],
+)
+def test_ensemble_arguments_are_refused_word_for_word(build, message):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value) == message
+
+
+def test_ensemble_size_limit_and_input_shape_name_the_ensemble():
+    with pytest.raises(ValueError, match=r"^LatticeEnsemble: 100,000 lattices of 8 dimensions of size 4 "):
+        LatticeEnsemble(8, 8, 100_000, 4, [0] * 8)
+    with pytest.raises(ValueError) as err:
+        LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1])(torch.zeros(5, 3))
+    assert str(err.value) == "LatticeEnsemble input must have shape (N, 4), got (5, 3)"
+
+
+def test_a_refused_ensemble_state_names_its_input_subsets():
+    saved = LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1], seed=1)
+    with pytest.raises(ValueError) as err:
+        LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1], seed=0).load_state_dict(saved.state_dict())
+    assert str(err.value).startswith(
+        f"LatticeEnsemble was declared with input subsets {LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1]).input_index.tolist()}"
+    )
+
+
+def test_a_bfloat16_lattice_gives_its_vertex_values_in_float32():
+    lattice = Lattice([3, 2], [1, 0]).to(torch.bfloat16)
+    assert lattice.vertex_values().dtype == torch.float32
