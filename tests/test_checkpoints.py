@@ -158,10 +158,13 @@ def test_a_group_killed_among_its_renames_resumes_from_the_last_common_step(stor
         [sys.executable, "-c", script, os.fspath(store_path), os.fspath(tmp_path), str(killed_at)]
     )
     assert child.returncode == 9
-    with pytest.warns(UserWarning, match="every run resumes from step 2, the last step all of them saved"):
+    with pytest.warns(
+        UserWarning, match="every run resumes from step 2, the last step all of them saved"
+    ) as warned:
         resumed = fastload.fit_many(
             store_path, RUNS, resume=tmp_path, checkpoint=tmp_path, max_steps=4, **EVERY_2
         )
+    assert warned[0].filename == __file__  # the warning points at the caller's line
     straight = fastload.fit_many(store_path, RUNS, max_steps=4, **EVERY_2)
     for a, b in zip(straight, resumed):
         assert a.steps == b.steps == 4
