@@ -459,3 +459,15 @@ def test_a_refused_ensemble_state_names_its_input_subsets():
 def test_a_bfloat16_lattice_gives_its_vertex_values_in_float32():
     lattice = Lattice([3, 2], [1, 0]).to(torch.bfloat16)
     assert lattice.vertex_values().dtype == torch.float32
+
+
+def test_lattice_arguments_are_refused_naming_the_lattice():
+    with pytest.raises(
+        ValueError, match=r"^Lattice: a lattice of 12 dimensions of size 4 would build tables of "
+    ):
+        Lattice([4] * 12, [0] * 12)
+    with pytest.raises(ValueError) as err:
+        Lattice([3, 3], [1, 2])
+    assert str(err.value) == (
+        "monotonicities must contain only (-1, 0, 1) (or 'increasing', 'decreasing', None), got [2]"
+    )
