@@ -279,13 +279,18 @@ HOSTILE = {
 }
 
 
+def edited(checkpoint_path, edit, path):
+    """A copy at `path` of the checkpoint at `checkpoint_path`, changed by `edit`."""
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, path)
+    return path
+
+
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_checkpoint_is_refused_naming_what_is_wrong(case, store_path, saved_mid_epoch, tmp_path):
     edit, message = HOSTILE[case]
-    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
-    edit(checkpoint)
-    hostile = tmp_path / "hostile.ckpt"
-    torch.save(checkpoint, hostile)
+    hostile = edited(saved_mid_epoch, edit, tmp_path / "hostile.ckpt")
     with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
         fit(store_path, resume=hostile, max_steps=9, **SHARED)
 
@@ -468,10 +473,7 @@ LOADED_HOSTILE = {
 @pytest.mark.parametrize("case", list(LOADED_HOSTILE))
 def test_load_checkpoint_refuses_a_hostile_part(case, saved_mid_epoch, tmp_path):
     edit, message = LOADED_HOSTILE[case]
-    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
-    edit(checkpoint)
-    hostile = tmp_path / "hostile.ckpt"
-    torch.save(checkpoint, hostile)
+    hostile = edited(saved_mid_epoch, edit, tmp_path / "hostile.ckpt")
     with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
         load_checkpoint(hostile)
 
@@ -485,17 +487,14 @@ def _edge_states(c):
 
 @pytest.mark.parametrize("edit", [lambda c: c["rng"]["numpy"].__setitem__(2, 0), _edge_states])
 def test_load_checkpoint_takes_random_states_at_their_edges(saved_mid_epoch, tmp_path, edit):
-    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
-    edit(checkpoint)
-    torch.save(checkpoint, tmp_path / "edges.ckpt")
-    assert load_checkpoint(tmp_path / "edges.ckpt")["step"] == 7
+    assert load_checkpoint(edited(saved_mid_epoch, edit, tmp_path / "edges.ckpt"))["step"] == 7
 
 
 def test_load_checkpoint_takes_a_meter_that_never_waited(saved_mid_epoch, tmp_path):
-    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
-    checkpoint["partial"]["meter"].update(wait=0, seconds=0.0)
-    torch.save(checkpoint, tmp_path / "idle.ckpt")
-    assert load_checkpoint(tmp_path / "idle.ckpt")["partial"]["meter"]["wait"] == 0
+    idle = edited(
+        saved_mid_epoch, lambda c: c["partial"]["meter"].update(wait=0, seconds=0.0), tmp_path / "i.ckpt"
+    )
+    assert load_checkpoint(idle)["partial"]["meter"]["wait"] == 0
 
 
 STORE_A = {"path": "a.fastload", "fingerprint": "1"}

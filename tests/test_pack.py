@@ -682,6 +682,13 @@ def test_ctrl_c_stops_a_long_chunk_within_a_second_and_leaves_nothing(tmp_path):
 # The pipeline on its own: the report word for word, chunks, metadata and argument checks
 
 
+def pack_error(*args, error=ValueError, **kwargs) -> str:
+    """The message of the `error` that `fastload.pack(*args, **kwargs)` raises."""
+    with pytest.raises(error) as err:
+        fastload.pack(*args, **kwargs)
+    return str(err.value)
+
+
 def test_the_report_reads_word_for_word(tmp_path):
     report = PackReport(
         path=tmp_path / "s.fl",
@@ -822,9 +829,7 @@ def test_too_many_names_are_measured_in_mib(tmp_path, monkeypatch):
     names = [f"c/{'x' * 1000}{i}.png" for i in range(3000)]  # about 3 MiB
     monkeypatch.setattr(pipeline, "walk", lambda *args: (names, [], ["c"]))
     monkeypatch.setattr(_core, "MAX_META_LEN", 2 << 20)
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "s.fl", 8)
-    assert str(err.value) == (
+    assert pack_error(src, tmp_path / "s.fl", 8) == (
         f"{src}: the names of 3,000 files take about 3 MiB, over the store's 2 MiB metadata limit; "
         "pack the folder as several stores"
     )
@@ -921,18 +926,10 @@ def test_a_folder_without_images_lists_what_it_holds(tmp_path):
     (src / "c").mkdir(parents=True)
     (src / "c" / "notes.txt").write_text("x")
     extensions = ".bmp, .dib, .gif, .jfif, .jpe, .jpeg, .jpg, .png, .tif, .tiff, .webp"
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "s.fl", 8)
-    assert (
-        str(err.value) == f"{src}: no images found (1 other file(s); images are files ending in {extensions})"
-    )
+    found = f"{src}: no images found (1 other file(s); images are files ending in {extensions})"
+    assert pack_error(src, tmp_path / "s.fl", 8) == found
     (src / ".DS_Store").write_text("x")
-    with pytest.raises(ValueError) as err:
-        fastload.pack(src, tmp_path / "s.fl", 8)
-    assert str(err.value) == (
-        f"{src}: no images found (1 other file(s); images are files ending in {extensions})\n"
-        "  .DS_Store: hidden file"
-    )
+    assert pack_error(src, tmp_path / "s.fl", 8) == f"{found}\n  .DS_Store: hidden file"
 
 
 def test_src_and_dest_of_the_wrong_type_are_named(tmp_path):
