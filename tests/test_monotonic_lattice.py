@@ -471,3 +471,10 @@ def test_lattice_arguments_are_refused_naming_the_lattice():
     assert str(err.value) == (
         "monotonicities must contain only (-1, 0, 1) (or 'increasing', 'decreasing', None), got [2]"
     )
+
+
+def test_a_lattice_state_holds_only_its_parameters_and_subsets():
+    """What a saved state holds is its format: the tables the layers rebuild from their
+    arguments (strides, corners, flips) stay out of it, so states load across versions."""
+    assert list(Lattice([3, 2, 4], [1, 0, -1]).state_dict()) == ["bank.raw"]
+    assert list(LatticeEnsemble(5, 2, 4, 3, [1, 0, -1, 0, 1]).state_dict()) == ["input_index", "bank.raw"]
