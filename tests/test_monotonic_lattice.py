@@ -30,7 +30,7 @@ from torch import nn
 
 import fastload.monotonic.lattice as lattice_module
 from fastload.monotonic import Lattice, LatticeEnsemble
-from fastload.monotonic.lattice import isotonic_fit
+from fastload.monotonic.lattice import check_lattice_size, isotonic_fit
 from fastload.train.models import MonotonicRegressor
 
 
@@ -478,3 +478,32 @@ def test_a_lattice_state_holds_only_its_parameters_and_subsets():
     arguments (strides, corners, flips) stay out of it, so states load across versions."""
     assert list(Lattice([3, 2, 4], [1, 0, -1]).state_dict()) == ["bank.raw"]
     assert list(LatticeEnsemble(5, 2, 4, 3, [1, 0, -1, 0, 1]).state_dict()) == ["input_index", "bank.raw"]
+
+
+@pytest.mark.parametrize(
+    ("build", "head"),
+    [
+        (
+            lambda: check_lattice_size([4] * 12),
+            "lattice: a lattice of 12 dimensions of size 4 would build tables of 68,719,476,736 entries",
+        ),
+        (
+            lambda: LatticeEnsemble(8, 8, 100_000, 4, [0] * 8),
+            "LatticeEnsemble: 100,000 lattices of 8 dimensions of size 4 would build tables of 52,428,800,000 entries",
+        ),
+        (
+            lambda: check_lattice_size([2] * 64),
+            "lattice: a lattice of 64 dimensions of size 2 would build tables of about 10^38 entries",
+        ),
+        (
+            lambda: check_lattice_size([2] * 65),
+            "lattice: a lattice of 65 dimensions of size 2 would build tables of over 2^130 entries",
+        ),
+    ],
+)
+def test_the_size_limit_counts_the_tables_entries(build, head):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value).startswith(
+        head + " (every vertex's coordinates, or each cell's 2^dimensions corners)"
+    )
