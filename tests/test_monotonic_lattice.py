@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -507,3 +508,24 @@ def test_the_size_limit_counts_the_tables_entries(build, head):
     assert str(err.value).startswith(
         head + " (every vertex's coordinates, or each cell's 2^dimensions corners)"
     )
+
+
+def test_the_size_limit_is_inclusive_and_names_uneven_sizes_and_counts():
+    check_lattice_size([32] * 4)  # 2^20 vertices x 2^4 corners: exactly MAX_LATTICE_ENTRIES, allowed
+    with pytest.raises(ValueError, match=r"^lattice: 2 lattices of 12 dimensions of size 4 would"):
+        check_lattice_size([4] * 12, 2)
+    sizes = [4] * 10 + [5] * 10
+    with pytest.raises(ValueError, match=rf"^lattice: a lattice of sizes {re.escape(str(sizes[:16]))} would"):
+        check_lattice_size(sizes)
+
+
+def test_a_lattice_starts_as_a_ramp_over_its_monotone_inputs():
+    torch.manual_seed(0)
+    values = Lattice([3, 2], [1, 1]).vertex_values().detach()
+    torch.testing.assert_close(values - values[0, 0], torch.tensor([[0.0, 0.5], [0.25, 0.75], [0.5, 1.0]]))
+    one = Lattice([3, 2], [1, 0]).vertex_values().detach()  # the free input adds a little noise
+    torch.testing.assert_close(one[:, 0] - one[0, 0], torch.tensor([0.0, 0.5, 1.0]))
+    free = Lattice([4, 4], [0, 0]).vertex_values().detach()
+    assert abs(free.mean().item() - 0.5) < 0.1 and free.std().item() < 0.3
+    bounded = Lattice([5], [1], 0.0, 10.0).vertex_values().detach()
+    assert bounded.max() - bounded.min() > 6  # across the middle of the bounds (1 to 9 before noise)
