@@ -529,3 +529,17 @@ def test_a_lattice_starts_as_a_ramp_over_its_monotone_inputs():
     assert abs(free.mean().item() - 0.5) < 0.1 and free.std().item() < 0.3
     bounded = Lattice([5], [1], 0.0, 10.0).vertex_values().detach()
     assert bounded.max() - bounded.min() > 6  # across the middle of the bounds (1 to 9 before noise)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "amount"), [([5] * 15, "about 10^15"), ([4] * 17, "about 10^15"), ([4] * 12, "68,719,476,736")]
+)
+def test_the_size_limit_writes_huge_counts_as_powers_of_ten(sizes, amount):
+    with pytest.raises(ValueError) as err:
+        check_lattice_size(sizes)
+    message = str(err.value)
+    assert f"would build tables of {amount} entries" in message
+    assert message.endswith(
+        "more than the 16,777,216 a lattice layer may build (MAX_LATTICE_ENTRIES); use a smaller lattice size, "
+        "fewer inputs per lattice or fewer lattices"
+    )
