@@ -1026,3 +1026,12 @@ def test_a_failed_write_of_the_last_chunk_fails_the_pack(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left on device"):
         fastload.pack(src, tmp_path / "s.fl", 8, workers=1)
     assert calls == [15, 16, 7] and not (tmp_path / "s.fl").exists()
+
+
+def test_no_progress_bar_when_stderr_is_no_terminal_or_quiet(tmp_path, capsys, monkeypatch):
+    src = classes(tmp_path / "src")
+    fastload.pack(src, tmp_path / "a.fl", 8)  # stderr captured: not a terminal
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fastload.pack(src, tmp_path / "b.fl", 8, quiet=True)
+    assert sys.stderr.getvalue() == ""
