@@ -60,7 +60,13 @@ MODULES = {
     "augment.py": ["tests/test_augment.py"],
     "pack/walk.py": ["tests/test_pack_walk.py", "tests/test_pack.py"],
     "pack/labels.py": ["tests/test_pack_labels.py"],
-    "pack/pipeline.py": ["tests/test_pack.py"],
+    # pack's own tests, and its argument checks among the hostile inputs
+    "pack/pipeline.py": [
+        "tests/test_pack.py",
+        "tests/test_pack_walk.py",
+        "tests/test_pack_labels.py",
+        "tests/test_bad_input.py",
+    ],
     "train/checkpoint.py": [
         "tests/test_train.py",
         "tests/test_trainer.py",

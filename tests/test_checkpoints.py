@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import fastload
 from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import fit
-from fastload.train.checkpoint import load_checkpoint
+from fastload.train.checkpoint import check_same_stores, load_checkpoint, load_group
 
 pytestmark = pytest.mark.safety  # full disks, crashes and hostile files, every test here
 COUNT, SIDE = 40, 8
@@ -157,10 +158,13 @@ def test_a_group_killed_among_its_renames_resumes_from_the_last_common_step(stor
         [sys.executable, "-c", script, os.fspath(store_path), os.fspath(tmp_path), str(killed_at)]
     )
     assert child.returncode == 9
-    with pytest.warns(UserWarning, match="every run resumes from step 2, the last step all of them saved"):
+    with pytest.warns(
+        UserWarning, match="every run resumes from step 2, the last step all of them saved"
+    ) as warned:
         resumed = fastload.fit_many(
             store_path, RUNS, resume=tmp_path, checkpoint=tmp_path, max_steps=4, **EVERY_2
         )
+    assert warned[0].filename == __file__  # the warning points at the caller's line
     straight = fastload.fit_many(store_path, RUNS, max_steps=4, **EVERY_2)
     for a, b in zip(straight, resumed):
         assert a.steps == b.steps == 4
@@ -275,13 +279,18 @@ HOSTILE = {
 }
 
 
+def edited(checkpoint_path, edit, path):
+    """A copy at `path` of the checkpoint at `checkpoint_path`, changed by `edit`."""
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, path)
+    return path
+
+
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_checkpoint_is_refused_naming_what_is_wrong(case, store_path, saved_mid_epoch, tmp_path):
     edit, message = HOSTILE[case]
-    checkpoint = torch.load(saved_mid_epoch, weights_only=True)
-    edit(checkpoint)
-    hostile = tmp_path / "hostile.ckpt"
-    torch.save(checkpoint, hostile)
+    hostile = edited(saved_mid_epoch, edit, tmp_path / "hostile.ckpt")
     with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
         fit(store_path, resume=hostile, max_steps=9, **SHARED)
 
@@ -317,3 +326,194 @@ def test_resuming_a_run_past_its_epochs_is_refused(store_path, tmp_path):
     fit(store_path, checkpoint=checkpoint, **SHARED)  # 2 epochs finished
     with pytest.raises(ValueError, match="has finished 2 epochs, more than the 1 of this run"):
         fit(store_path, resume=checkpoint, **{**SHARED, "epochs": 1})
+
+
+# ---------------------------------------------------------------- load_group on its own
+
+
+@pytest.fixture(scope="module")
+def steps_2_and_4(store_path, tmp_path_factory):
+    """Checkpoints of one run stopped at steps 2 and 4 (both in epoch 1), as bytes."""
+    folder = tmp_path_factory.mktemp("group")
+    for steps in (2, 4):
+        fit(store_path, checkpoint=folder / f"{steps}.ckpt", max_steps=steps, **SHARED)
+    return {steps: (folder / f"{steps}.ckpt").read_bytes() for steps in (2, 4)}
+
+
+def _group(folder, files: dict, steps_2_and_4) -> list:
+    """Writes `files` ({name: step}) into `folder`; the paths of run0 and run1."""
+    for name, step in files.items():
+        (folder / name).write_bytes(steps_2_and_4[step])
+    return [os.fspath(folder / "run0.ckpt"), os.fspath(folder / "run1.ckpt")]
+
+
+def _steps_of(chosen) -> list:
+    return [(os.path.basename(path), checkpoint["step"]) for path, checkpoint in chosen]
+
+
+def test_load_group_takes_the_runs_files_when_they_agree(tmp_path, steps_2_and_4):
+    paths = _group(tmp_path, {"run0.ckpt": 4, "run1.ckpt": 4, "run1.ckpt.previous": 2}, steps_2_and_4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: nothing was interrupted
+        chosen = load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    assert _steps_of(chosen) == [("run0.ckpt", 4), ("run1.ckpt", 4)]
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_load_group_resumes_an_interrupted_save_from_the_last_common_step(tmp_path, steps_2_and_4, repair):
+    # The save at step 4 renamed run0's new file into place, and stopped before run1's.
+    files = {"run0.ckpt": 4, "run0.ckpt.previous": 2, "run1.ckpt": 2}
+    paths = _group(tmp_path, files, steps_2_and_4)
+    with pytest.warns(UserWarning) as caught:
+        chosen = load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=repair)
+    assert str(caught[0].message) == (
+        f"resume {tmp_path}: the group's last save was interrupted before every run's checkpoint was in "
+        "place; every run resumes from step 2, the last step all of them saved"
+    )
+    if repair:  # run0's previous file is back in place
+        assert _steps_of(chosen) == [("run0.ckpt", 2), ("run1.ckpt", 2)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run0.ckpt", "run1.ckpt"]
+        assert load_checkpoint(tmp_path / "run0.ckpt")["step"] == 2
+    else:
+        assert _steps_of(chosen) == [("run0.ckpt.previous", 2), ("run1.ckpt", 2)]
+        assert load_checkpoint(tmp_path / "run0.ckpt")["step"] == 4
+
+
+def test_load_group_takes_the_latest_step_all_runs_hold(tmp_path, steps_2_and_4):
+    files = {"run0.ckpt": 4, "run0.ckpt.previous": 2, "run1.ckpt": 2, "run1.ckpt.previous": 4}
+    paths = _group(tmp_path, files, steps_2_and_4)
+    with pytest.warns(UserWarning, match="every run resumes from step 4"):
+        chosen = load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=False)
+    assert _steps_of(chosen) == [("run0.ckpt", 4), ("run1.ckpt.previous", 4)]
+
+
+def test_load_group_refuses_runs_that_stopped_apart_naming_each(tmp_path, steps_2_and_4):
+    paths = _group(tmp_path, {"run0.ckpt": 4, "run1.ckpt": 2}, steps_2_and_4)
+    with pytest.raises(ValueError) as err:
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    assert str(err.value) == (
+        f"resume {tmp_path}: the runs' checkpoints stopped at different places (run0: step 4, run1: step 2); "
+        "resume the runs that stopped together"
+    )
+    (tmp_path / "run0.ckpt").unlink()
+    (tmp_path / "run1.ckpt.previous").write_bytes(steps_2_and_4[4])
+    with pytest.raises(ValueError, match=r"\(run0: no checkpoint, run1: step 2 or step 4\)"):
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    for name in ("run1.ckpt", "run1.ckpt.previous"):
+        (tmp_path / name).unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+    assert err.value.errno == errno.ENOENT
+    assert err.value.strerror == f"resume {tmp_path}: no checkpoint of these runs (run0.ckpt, run1.ckpt)"
+
+
+def test_load_group_refuses_one_step_in_two_data_orders(tmp_path, steps_2_and_4):
+    """Runs of a group share one data stream: the same step with another data seed is another place."""
+    paths = _group(tmp_path, {"run0.ckpt": 4, "run1.ckpt": 4}, steps_2_and_4)
+    other = torch.load(paths[1], weights_only=True)
+    other["partial"]["dataset"]["seed"] = 7
+    other["config"]["data_seed"] = 7
+    torch.save(other, paths[1])
+    with pytest.raises(ValueError, match=r"stopped at different places \(run0: step 4, run1: step 4\)"):
+        load_group(os.fspath(tmp_path), paths, ["run0", "run1"], repair=True)
+
+
+# ---------------------------------------------------------------- load_checkpoint's checks on their own
+
+LOADED_HOSTILE = {
+    "meter wait a bool": (
+        lambda c: c["partial"]["meter"].update(wait=True),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "meter wait a string": (
+        lambda c: c["partial"]["meter"].update(wait="x"),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "meter seconds infinite": (
+        lambda c: c["partial"]["meter"].update(seconds=float("inf")),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "meter wait negative": (
+        lambda c: c["partial"]["meter"].update(wait=-0.5),
+        "its partial epoch's meter .* is not counts",
+    ),
+    "no partial": (lambda c: c.pop("partial"), "it has no partial$"),
+    "partial not a dict": (_set("partial", "x"), "its partial epoch is not a dataset position and a meter$"),
+    "partial meter not a dict": (
+        lambda c: c["partial"].update(meter="x"),
+        "its partial epoch is not a dataset position and a meter$",
+    ),
+    "NumPy position past its keys": (
+        lambda c: c["rng"]["numpy"].__setitem__(2, 625),
+        "its NumPy random state is not an MT19937 state$",
+    ),
+    "Python word negative": (
+        lambda c: c["rng"]["python"].__setitem__(0, -1),
+        "its Python random state is not a Mersenne Twister state$",
+    ),
+    "Python word of 33 bits": (
+        lambda c: c["rng"]["python"].__setitem__(0, 2**32),
+        "its Python random state is not a Mersenne Twister state$",
+    ),
+    "Python position past its words": (
+        lambda c: c["rng"]["python"].__setitem__(624, 625),
+        "its Python random state is not a Mersenne Twister state$",
+    ),
+    "CUDA states a tuple": (
+        lambda c: c["rng"].update(cuda=()),
+        "its CUDA random states are not a list of byte tensors",
+    ),
+    "CUDA state of floats": (
+        lambda c: c["rng"].update(cuda=[torch.zeros(16)]),
+        "its CUDA random states are not a list of byte tensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOADED_HOSTILE))
+def test_load_checkpoint_refuses_a_hostile_part(case, saved_mid_epoch, tmp_path):
+    edit, message = LOADED_HOSTILE[case]
+    hostile = edited(saved_mid_epoch, edit, tmp_path / "hostile.ckpt")
+    with pytest.raises(ValueError, match=rf"^not a valid fastload checkpoint: {hostile}: {message}"):
+        load_checkpoint(hostile)
+
+
+def _edge_states(c):
+    c["rng"]["numpy"][2] = 624  # every key drawn
+    c["rng"]["python"][0] = 0
+    c["rng"]["python"][1] = 2**32 - 1
+    c["rng"]["python"][624] = 624
+
+
+@pytest.mark.parametrize("edit", [lambda c: c["rng"]["numpy"].__setitem__(2, 0), _edge_states])
+def test_load_checkpoint_takes_random_states_at_their_edges(saved_mid_epoch, tmp_path, edit):
+    assert load_checkpoint(edited(saved_mid_epoch, edit, tmp_path / "edges.ckpt"))["step"] == 7
+
+
+def test_load_checkpoint_takes_a_meter_that_never_waited(saved_mid_epoch, tmp_path):
+    idle = edited(
+        saved_mid_epoch, lambda c: c["partial"]["meter"].update(wait=0, seconds=0.0), tmp_path / "i.ckpt"
+    )
+    assert load_checkpoint(idle)["partial"]["meter"]["wait"] == 0
+
+
+STORE_A = {"path": "a.fastload", "fingerprint": "1"}
+STORE_B = {"path": "b.fastload", "fingerprint": "2"}
+
+
+def test_check_same_stores_compares_each_store_and_says_which_is_missing():
+    both = {"store": STORE_A, "validation store": STORE_B}
+    check_same_stores("r.ckpt", {"stores": both}, dict(both))
+    check_same_stores("r.ckpt", {}, both)  # written before fingerprints: compared by config alone
+    with pytest.raises(ValueError) as err:
+        check_same_stores("r.ckpt", {"stores": both}, {"store": STORE_A, "validation store": None})
+    assert str(err.value) == "r.ckpt: the checkpoint was written for a run with a validation store"
+    with pytest.raises(ValueError) as err:
+        check_same_stores("r.ckpt", {"stores": {"store": STORE_A, "validation store": None}}, both)
+    assert str(err.value) == "r.ckpt: the checkpoint was written for a run without a validation store"
+    with pytest.raises(ValueError) as err:  # one store absent from both sides: the next is still compared
+        check_same_stores("r.ckpt", {"stores": {"x": None, "y": STORE_A}}, {"x": None, "y": STORE_B})
+    assert str(err.value) == (
+        "r.ckpt: the checkpoint was trained on the y a.fastload, and b.fastload holds different records; "
+        "resume with the store it was trained on"
+    )

@@ -4,6 +4,7 @@ what isotonic regression fits, and have exact gradients."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -301,3 +302,154 @@ def test_calibrator_fit_matches_isotonic_regression():
 def test_float32_module_promotes_bfloat16_input():
     cal = PWLCalibrator(4, 0.0, 1.0, 1)
     assert cal(torch.rand(5, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+# Starting values, dtypes and edges, checked exactly
+
+
+def test_categorical_calibrator_starts_as_a_ramp_or_flat_in_its_range_or_bounds():
+    torch.testing.assert_close(
+        CategoricalCalibrator(3, 1).category_outputs().detach(), torch.tensor([0.0, 0.5, 1.0])
+    )
+    torch.testing.assert_close(
+        CategoricalCalibrator(3, -1).category_outputs().detach(), torch.tensor([1.0, 0.5, 0.0])
+    )
+    assert CategoricalCalibrator(3).category_outputs().tolist() == [0.5, 0.5, 0.5]  # free by default
+    bounded = CategoricalCalibrator(3, 1, 0.0, 10.0, impute_missing=True)
+    torch.testing.assert_close(bounded.category_outputs().detach(), torch.tensor([1.0, 5.0, 9.0]))
+    assert bounded(torch.tensor([math.nan])).item() == pytest.approx(5.0)  # missing: the middle of the bounds
+    assert CategoricalCalibrator(1)(torch.tensor([0.0, math.nan])).isnan().tolist() == [False, True]
+
+
+def test_missing_inputs_start_in_the_middle_of_the_bounds():
+    cal = PWLCalibrator(5, 0.0, 1.0, 1, 0.0, 2.0, impute_missing=True)
+    assert cal(torch.tensor([math.nan])).item() == pytest.approx(1.0)
+
+
+def test_categorical_calibrator_refuses_a_second_column_word_for_word():
+    with pytest.raises(ValueError) as err:
+        CategoricalCalibrator(3)(torch.zeros(4, 2))
+    assert str(err.value) == "CategoricalCalibrator input must have shape (N,) or (N, 1), got (4, 2)"
+
+
+def test_slopes_belong_to_convex_or_concave_calibrators_word_for_word():
+    with pytest.raises(ValueError) as err:
+        PWLCalibrator(5, 0.0, 1.0).slopes()
+    assert str(err.value) == "slopes are parameters of convex or concave calibrators only"
+
+
+@pytest.mark.parametrize("convexity", [1, -1])
+def test_a_free_convex_or_concave_calibrator_starts_as_a_line(convexity):
+    cal = PWLCalibrator(5, 0.0, 2.0, 0, convexity=convexity)
+    torch.testing.assert_close(cal.slopes().detach(), torch.ones(4))
+    torch.testing.assert_close(cal(torch.tensor([0.0, 1.0, 2.0])).detach(), torch.tensor([0.0, 1.0, 2.0]))
+
+
+@pytest.mark.parametrize(("monotonicity", "convexity"), [(1, 1), (1, -1), (-1, 1), (-1, -1)])
+def test_large_moves_keep_the_declared_sign_and_curvature(monotonicity, convexity):
+    cal = PWLCalibrator(6, 0.0, 1.0, monotonicity, convexity=convexity)
+    with torch.no_grad():
+        cal.raw.copy_(torch.tensor([0.0, -3.0, 2.0, 3.0, 1.0, 4.0]))
+        slopes = cal.slopes()
+    assert (monotonicity * slopes >= 0).all() and (convexity * slopes.diff() >= 0).all()
+    assert_nondecreasing(monotonicity * cal.keypoint_outputs().detach()[:, None])
+
+
+def test_a_wider_input_computes_in_its_dtype_exactly_as_a_wider_layer():
+    """A float32 layer given float64 inputs computes in float64: what its float64 copy gives."""
+    for cal in (
+        PWLCalibrator(6, 0.0, 1.0, 1),
+        PWLCalibrator(6, 0.0, 1.0, 1, convexity=1),
+        PWLCalibrator(input_keypoints=[0.0, 0.1, 0.5, 1.0], monotonicity=-1, output_min=0.0, output_max=1.0),
+        CategoricalCalibrator(4, 1, 0.0, 3.0, impute_missing=True),
+    ):
+        randomize(cal, seed=3, scale=2.0)
+        wide = copy.deepcopy(cal).double()
+        if isinstance(cal, PWLCalibrator):
+            assert cal.keypoint_outputs(torch.float64).dtype == torch.float64
+            assert torch.equal(cal.keypoint_outputs(torch.float64), wide.keypoint_outputs())
+            if cal.convexity:
+                assert torch.equal(cal.slopes(torch.float64), wide.slopes())
+            x = torch.linspace(-0.1, 1.1, 29, dtype=torch.float64)
+        else:
+            x = torch.tensor([0.0, 1.0, 2.0, 3.0, math.nan], dtype=torch.float64)
+        out = cal(x)
+        assert out.dtype == torch.float64
+        assert torch.equal(out.nan_to_num(-7.0), wide(x).nan_to_num(-7.0))
+
+
+def test_integer_codes_give_the_layers_dtype_and_bfloat16_inputs_compute_in_float32():
+    categories = CategoricalCalibrator(3, 1).to(torch.bfloat16)
+    assert categories(torch.tensor([0, 2])).dtype == torch.bfloat16
+    cal = PWLCalibrator(10, 0.0, 1.0, 1)  # 9 pieces: a cell's position is no exact bfloat16 product
+    randomize(cal, seed=5, scale=1.0)
+    x = torch.linspace(0.0, 1.0, 101).bfloat16()
+    assert torch.equal(cal(x), cal(x.float()))  # a float32 result, computed in float32
+
+
+def test_a_calibrator_with_keypoints_gives_each_keypoints_output_exactly():
+    keypoints = [0.0, 0.1, 0.3, 0.7, 1.0]
+    for seed in range(8):
+        cal = PWLCalibrator(input_keypoints=keypoints, monotonicity=0)
+        randomize(cal, seed=seed, scale=3.0)
+        with torch.no_grad():
+            assert torch.equal(cal(torch.tensor(keypoints[:-1])), cal.keypoint_outputs()[:-1])
+
+
+@pytest.mark.parametrize(
+    ("build", "outputs"),
+    [
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 0), [0.0, 0.25, 0.5, 0.75, 1.0]),  # free: the identity too
+        (lambda: PWLCalibrator(5, 2.0, 4.0, 1, convexity=1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+        (lambda: PWLCalibrator(5, 2.0, 4.0, 0, convexity=-1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+        (
+            lambda: PWLCalibrator(input_keypoints=[0.0, 1.0, 3.0], monotonicity=-1, convexity=1),
+            [3.0, 2.0, 0.0],
+        ),
+        (
+            lambda: PWLCalibrator(5, 0.0, 1.0, 1, 0.0, 10.0),
+            [1.0, 3.0, 5.0, 7.0, 9.0],
+        ),  # the middle of the bounds
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 0, 2.0, 4.0, convexity=1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+        (lambda: PWLCalibrator(5, 0.0, 1.0, 1, 2.0, 4.0, convexity=1), [2.0, 2.5, 3.0, 3.5, 4.0]),
+    ],
+    ids=[
+        "free",
+        "convex",
+        "free-concave",
+        "decreasing-convex-keypoints",
+        "bounded",
+        "bounded-free-convex",
+        "bounded-convex",
+    ],
+)
+def test_a_calibrator_starts_as_a_line_through_its_range(build, outputs):
+    torch.testing.assert_close(build().keypoint_outputs().detach(), torch.tensor(outputs), atol=1e-4, rtol=0)
+
+
+def test_given_keypoints_are_kept_in_float64():
+    cal = PWLCalibrator(input_keypoints=[0.0, 0.1, 1.0])
+    assert cal.keypoints.dtype == torch.float64 and cal.keypoints.tolist() == [0.0, 0.1, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: PWLCalibrator(input_min=0.0, input_max=1.0),
+            "give either num_keypoints, input_min and input_max, or input_keypoints",
+        ),
+        (
+            lambda: PWLCalibrator(input_min=0.0, input_keypoints=[0.0, 1.0]),
+            "give either num_keypoints, input_min and input_max, or input_keypoints",
+        ),
+        (
+            lambda: PWLCalibrator(input_keypoints=[1.0, 0.0]),
+            "input_keypoints must be strictly increasing, also when rounded to float32",
+        ),
+    ],
+)
+def test_keypoint_arguments_are_refused_word_for_word(build, message):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value) == message

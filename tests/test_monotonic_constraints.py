@@ -30,6 +30,7 @@ from fastload.monotonic import (
     check_finite_parameters,
     check_monotone,
 )
+from fastload.monotonic.constraints import CURVATURES, as_direction, check_bounds, into_bounds, monotone_lerp
 from fastload.train.models import MonotonicRegressor
 
 MODULES = {
@@ -267,3 +268,102 @@ def test_bad_arguments_raise_value_error(build, message):
 def test_wrong_input_shapes_raise_value_error(module, x):
     with pytest.raises(ValueError, match="shape"):
         module(x)
+
+
+# The maps and checks of fastload.monotonic.constraints on their own
+
+
+def test_into_bounds_maps_onto_any_interval():
+    raw = torch.tensor([-100.0, 0.0, 100.0])
+    assert into_bounds(raw, -3.0, 5.0).tolist() == [-3.0, 1.0, 5.0]
+    assert torch.equal(into_bounds(raw, None, None), raw)
+    layer = PWLCalibrator(8, 0.0, 1.0, 1, output_min=-2.0, output_max=-1.0)
+    out = layer(torch.linspace(-1.0, 2.0, 50))
+    assert ((out > -2.0) & (out < -1.0)).all()
+
+
+def test_monotone_lerp_stays_between_its_ends_when_the_fraction_rounds_past_them():
+    a, b = torch.tensor([0.0, 1.0, 2.0]), torch.tensor([1.0, 0.0, 2.0])
+    past = torch.tensor([1.0000001, 1.0000001, 1.0000001])
+    assert monotone_lerp(a, b, past).tolist() == [1.0, 0.0, 2.0]
+    assert monotone_lerp(a, b, -past + 1 - 1e-7).tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("value", "direction"),
+    [("Increasing", 1), ("DECREASING", -1), ("None", 0), (None, 0), (1.0, 1), (-1.0, -1), (0, 0), (True, 1)],
+)
+def test_as_direction_reads_names_in_any_case_and_whole_numbers(value, direction):
+    got = as_direction(value)
+    assert got == direction and type(got) is int
+    assert as_direction("Convex", CURVATURES) == 1 and as_direction("concave", CURVATURES) == -1
+
+
+@pytest.mark.parametrize("value", ["up", 1.5, [1], "increasingly"])
+def test_as_direction_leaves_what_it_cannot_read_for_the_callers_error(value):
+    assert as_direction(value) == value
+    with pytest.raises(ValueError) as err:
+        MonotoneLinear(2, 1, [1, value])
+    assert str(err.value) == (
+        f"monotonicities must contain only (-1, 0, 1) (or 'increasing', 'decreasing', None), got {[value]!r}"
+    )
+
+
+def test_a_monotonicity_given_as_a_float_is_stored_as_an_int():
+    calibrator = PWLCalibrator(4, 0.0, 1.0, monotonicity=-1.0)
+    assert calibrator.monotonicity == -1 and "monotonicity=-1," in repr(calibrator)
+    with pytest.raises(ValueError, match=r"^monotonicity must be -1, 0 or 1, got 0\.5$"):
+        PWLCalibrator(4, 0.0, 1.0, monotonicity=0.5)
+
+
+@pytest.mark.parametrize(
+    "module", [PWLCalibrator(2, 0.0, 1.0), Lattice([2, 2], [1, 0]), Lattice([2], [1])], ids=repr
+)
+def test_a_nan_input_of_the_smallest_layers_gives_nan_not_an_index_error(module):
+    x = (
+        torch.tensor([math.nan])
+        if isinstance(module, PWLCalibrator)
+        else torch.full((1, len(module.lattice_sizes)), math.nan)
+    )
+    assert torch.isnan(module(x)).all()
+
+
+def test_bounds_must_come_together_word_for_word():
+    with pytest.raises(ValueError) as err:
+        check_bounds(0.0, None)
+    assert str(err.value) == "output_min and output_max must be given together"
+
+
+def test_a_state_saved_in_float64_loads_into_a_float32_layer():
+    torch.manual_seed(0)
+    saved = MonotoneLinear(3, 2, [1, 0, -1]).double()
+    layer = MonotoneLinear(3, 2, [1, 0, -1])
+    layer.load_state_dict(saved.state_dict())
+    torch.testing.assert_close(layer.weight, saved.weight.float())  # softplus rounds in either dtype
+
+
+def test_a_refused_state_names_the_submodule_and_what_to_do():
+    class Model(nn.Module):
+        def __init__(self, signs):
+            super().__init__()
+            self.head = MonotoneLinear(2, 1, signs)
+
+    with pytest.raises(ValueError) as err:
+        Model([1, 1]).load_state_dict(Model([1, -1]).state_dict())
+    assert str(err.value) == (
+        "MonotoneLinear 'head' was declared with monotonicities [1, 1], but the state to load has "
+        "[1.0, -1.0]; constraints are part of the model's declaration: build the model with the same "
+        "arguments as the saved one"
+    )
+
+
+def test_check_finite_parameters_says_what_to_do():
+    layer = MonotoneLinear(2, 1, [1, 1])
+    with torch.no_grad():
+        layer.bias.fill_(math.nan)
+    with pytest.raises(ValueError) as err:
+        check_finite_parameters(layer)
+    assert str(err.value) == (
+        "non-finite parameters (NaN or infinite values) in bias (1 of 1): training diverged; "
+        "lower the learning rate or resume from an earlier checkpoint"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ from torch import nn
 
 import fastload.monotonic.lattice as lattice_module
 from fastload.monotonic import Lattice, LatticeEnsemble
-from fastload.monotonic.lattice import isotonic_fit
+from fastload.monotonic.lattice import check_lattice_size, isotonic_fit
 from fastload.train.models import MonotonicRegressor
 
 
@@ -388,3 +389,157 @@ def test_a_lattice_past_the_size_limit_is_refused_before_it_is_built(build):
     # Each would allocate from gigabytes to terabytes; the count is made from the sizes first.
     with pytest.raises(ValueError, match=r"would build tables of .* entries .* \(MAX_LATTICE_ENTRIES\)"):
         build()
+
+
+def test_ensemble_subsets_of_a_seed_never_change():
+    """A saved state holds its subsets and loads only into an ensemble that draws the same ones:
+    the draw for given arguments is part of the format (seed 0 by default)."""
+    rows = LatticeEnsemble(6, 2, 4, 3, [1, 0, -1, 0, 0, 1]).input_index.tolist()
+    assert rows == [[2, 3], [5, 4], [0, 1], [0, 4]]
+
+
+def test_a_bounded_ensemble_stays_in_its_bounds_and_loads_a_legacy_state(monkeypatch):
+    mono = [1, 1, 1, -1, 0, 0, 0, 0]
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            lattice_module, "_draw_subsets", functools.partial(lattice_module._draw_subsets, distinct=False)
+        )
+        saved = LatticeEnsemble(8, 4, 4, 3, mono, seed=0, output_min=-1.0, output_max=-0.5)
+    randomize(saved, seed=2, scale=5.0)
+    model = LatticeEnsemble(8, 4, 4, 3, mono, seed=0, output_min=-1.0, output_max=-0.5)
+    model.load_state_dict(saved.state_dict())
+    x = 2 * torch.rand(64, 8)
+    with torch.no_grad():
+        out = model(x)
+        assert ((out >= -1.0) & (out <= -0.5)).all()
+        torch.testing.assert_close(out, saved(x))
+
+
+def test_an_ensemble_state_without_subsets_loads_when_not_strict():
+    model = LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1])
+    state = {k: v for k, v in model.state_dict().items() if k != "input_index"}
+    assert model.load_state_dict(state, strict=False).missing_keys == ["input_index"]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: LatticeEnsemble(9, 2, 4, 3, [0] * 9),
+            "num_lattices * lattice_rank = 8 cannot cover 9 inputs",
+        ),
+        (
+            lambda: LatticeEnsemble(3, 2, 2, 3, [0, 2, 1]),
+            "monotonicities must contain only (-1, 0, 1) (or 'increasing', 'decreasing', None), got [2]",
+        ),
+    ],
+)
+def test_ensemble_arguments_are_refused_word_for_word(build, message):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value) == message
+
+
+def test_ensemble_size_limit_and_input_shape_name_the_ensemble():
+    with pytest.raises(ValueError, match=r"^LatticeEnsemble: 100,000 lattices of 8 dimensions of size 4 "):
+        LatticeEnsemble(8, 8, 100_000, 4, [0] * 8)
+    with pytest.raises(ValueError) as err:
+        LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1])(torch.zeros(5, 3))
+    assert str(err.value) == "LatticeEnsemble input must have shape (N, 4), got (5, 3)"
+
+
+def test_a_refused_ensemble_state_names_its_input_subsets():
+    saved = LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1], seed=1)
+    with pytest.raises(ValueError) as err:
+        LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1], seed=0).load_state_dict(saved.state_dict())
+    assert str(err.value).startswith(
+        f"LatticeEnsemble was declared with input subsets {LatticeEnsemble(4, 2, 2, 3, [1, 0, 0, 1]).input_index.tolist()}"
+    )
+
+
+def test_a_bfloat16_lattice_gives_its_vertex_values_in_float32():
+    lattice = Lattice([3, 2], [1, 0]).to(torch.bfloat16)
+    assert lattice.vertex_values().dtype == torch.float32
+
+
+def test_lattice_arguments_are_refused_naming_the_lattice():
+    with pytest.raises(
+        ValueError, match=r"^Lattice: a lattice of 12 dimensions of size 4 would build tables of "
+    ):
+        Lattice([4] * 12, [0] * 12)
+    with pytest.raises(ValueError) as err:
+        Lattice([3, 3], [1, 2])
+    assert str(err.value) == (
+        "monotonicities must contain only (-1, 0, 1) (or 'increasing', 'decreasing', None), got [2]"
+    )
+
+
+def test_a_lattice_state_holds_only_its_parameters_and_subsets():
+    """What a saved state holds is its format: the tables the layers rebuild from their
+    arguments (strides, corners, flips) stay out of it, so states load across versions."""
+    assert list(Lattice([3, 2, 4], [1, 0, -1]).state_dict()) == ["bank.raw"]
+    assert list(LatticeEnsemble(5, 2, 4, 3, [1, 0, -1, 0, 1]).state_dict()) == ["input_index", "bank.raw"]
+
+
+@pytest.mark.parametrize(
+    ("build", "head"),
+    [
+        (
+            lambda: check_lattice_size([4] * 12),
+            "lattice: a lattice of 12 dimensions of size 4 would build tables of 68,719,476,736 entries",
+        ),
+        (
+            lambda: LatticeEnsemble(8, 8, 100_000, 4, [0] * 8),
+            "LatticeEnsemble: 100,000 lattices of 8 dimensions of size 4 would build tables of 52,428,800,000 entries",
+        ),
+        (
+            lambda: check_lattice_size([2] * 64),
+            "lattice: a lattice of 64 dimensions of size 2 would build tables of about 10^38 entries",
+        ),
+        (
+            lambda: check_lattice_size([2] * 65),
+            "lattice: a lattice of 65 dimensions of size 2 would build tables of over 2^130 entries",
+        ),
+    ],
+)
+def test_the_size_limit_counts_the_tables_entries(build, head):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value).startswith(
+        head + " (every vertex's coordinates, or each cell's 2^dimensions corners)"
+    )
+
+
+def test_the_size_limit_is_inclusive_and_names_uneven_sizes_and_counts():
+    check_lattice_size([32] * 4)  # 2^20 vertices x 2^4 corners: exactly MAX_LATTICE_ENTRIES, allowed
+    with pytest.raises(ValueError, match=r"^lattice: 2 lattices of 12 dimensions of size 4 would"):
+        check_lattice_size([4] * 12, 2)
+    sizes = [4] * 10 + [5] * 10
+    with pytest.raises(ValueError, match=rf"^lattice: a lattice of sizes {re.escape(str(sizes[:16]))} would"):
+        check_lattice_size(sizes)
+
+
+def test_a_lattice_starts_as_a_ramp_over_its_monotone_inputs():
+    torch.manual_seed(0)
+    values = Lattice([3, 2], [1, 1]).vertex_values().detach()
+    torch.testing.assert_close(values - values[0, 0], torch.tensor([[0.0, 0.5], [0.25, 0.75], [0.5, 1.0]]))
+    one = Lattice([3, 2], [1, 0]).vertex_values().detach()  # the free input adds a little noise
+    torch.testing.assert_close(one[:, 0] - one[0, 0], torch.tensor([0.0, 0.5, 1.0]))
+    free = Lattice([4, 4], [0, 0]).vertex_values().detach()
+    assert abs(free.mean().item() - 0.5) < 0.1 and free.std().item() < 0.3
+    bounded = Lattice([5], [1], 0.0, 10.0).vertex_values().detach()
+    assert bounded.max() - bounded.min() > 6  # across the middle of the bounds (1 to 9 before noise)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "amount"), [([5] * 15, "about 10^15"), ([4] * 17, "about 10^15"), ([4] * 12, "68,719,476,736")]
+)
+def test_the_size_limit_writes_huge_counts_as_powers_of_ten(sizes, amount):
+    with pytest.raises(ValueError) as err:
+        check_lattice_size(sizes)
+    message = str(err.value)
+    assert f"would build tables of {amount} entries" in message
+    assert message.endswith(
+        "more than the 16,777,216 a lattice layer may build (MAX_LATTICE_ENTRIES); use a smaller lattice size, "
+        "fewer inputs per lattice or fewer lattices"
+    )

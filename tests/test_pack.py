@@ -6,6 +6,7 @@ test_pack_labels.py too."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -26,6 +27,7 @@ import fastload
 import fastload.inspect
 from fastload import BadFilesError, _core
 from fastload.cli import main as cli_main
+from fastload.pack import PackReport, pipeline
 
 SIZE = 32
 
@@ -675,3 +677,361 @@ def test_ctrl_c_stops_a_long_chunk_within_a_second_and_leaves_nothing(tmp_path):
     assert proc.returncode == 130 and b"interrupted" in err
     assert waited < 1.5, f"Ctrl-C took {waited:.1f} s"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+# The pipeline on its own: the report word for word, chunks, metadata and argument checks
+
+
+def pack_error(*args, error=ValueError, **kwargs) -> str:
+    """The message of the `error` that `fastload.pack(*args, **kwargs)` raises."""
+    with pytest.raises(error) as err:
+        fastload.pack(*args, **kwargs)
+    return str(err.value)
+
+
+def test_the_report_reads_word_for_word(tmp_path):
+    report = PackReport(
+        path=tmp_path / "s.fl",
+        records=1,
+        shape=(8, 12, 3),
+        seconds=2.0,
+        files_read=4,
+        source_bytes=3_000_000,
+        store_bytes=999_999_999,
+    )
+    assert report.files_per_second == 2.0 and report.mb_per_second == 1.5
+    assert str(report) == (
+        f"packed 1 image (8x12x3) into {tmp_path / 's.fl'} (1,000.0 MB) in 2.0 s: 2 files/s, 1.5 MB/s read"
+    )
+    report.records, report.store_bytes = 2, 10**9
+    report.skipped = [(f"c/{i:02}.png", "empty file") for i in range(51)]
+    report.decode_warnings = [(f"d/{i:02}.jpg", ["corrupt JPEG data", "premature end"]) for i in range(51)]
+    lines = str(report).splitlines()
+    assert lines[0].startswith("packed 2 images (8x12x3) into ") and "(1.00 GB)" in lines[0]
+    assert lines[1] == "skipped 51 file(s) (all listed in the store's meta['skipped']):"
+    assert lines[2] == "  c/00.png: empty file" and lines[51] == "  c/49.png: empty file"
+    assert lines[52] == "  ... and 1 more"
+    assert lines[53] == (
+        "decoded with warnings: 51 damaged image(s), packed as decoded (listed in the store's "
+        "meta['decode_warnings']; --strict / strict=True refuses them):"
+    )
+    assert lines[54] == "  d/00.jpg: corrupt JPEG data; premature end" and lines[104] == "  ... and 1 more"
+    assert len(lines) == 105
+    report.store_bytes, report.seconds = 2_500_000_000, 0.0
+    assert "(2.50 GB) in 0.0 s: 0 files/s, 0.0 MB/s read" in str(report)
+    assert report.files_per_second == 0.0 and report.mb_per_second == 0.0
+    report.store_bytes = 1_235_000_001  # rounds up in GB, down if divided by a bit more than 10**9
+    assert "(1.24 GB)" in str(report)
+    report.store_bytes = 1_250_001
+    assert "(1.3 MB)" in str(report)
+
+
+def chunked_folder(src: Path) -> list:
+    """40 files of class c (a bad file in the first and last chunk of 16, a damaged JPEG in the
+    second) and the records they should make, in order."""
+    names = [f"c/{i:02}.png" for i in range(40)]
+    photo_folder(src, names)
+    (src / "c" / "05.png").write_bytes(b"")
+    (src / "c" / "37.png").write_bytes((src / "c" / "36.png").read_bytes()[:40])
+    (src / "c" / "20.png").unlink()
+    damaged_jpeg(src / "c" / "20.jpg")
+    names[20] = "c/20.jpg"
+    return [n for n in names if n not in ("c/05.png", "c/37.png")]
+
+
+def test_a_pack_of_several_chunks_keeps_every_record_and_figure(tmp_path):
+    src = tmp_path / "src"
+    good = chunked_folder(src)
+    progress = []
+    report = fastload.pack(src, tmp_path / "s.fl", 8, workers=1, progress=lambda *p: progress.append(p))
+    assert progress == [(16, 40), (32, 40), (40, 40)]  # one chunk is 16 files a worker
+    store = fastload.Store(report.path)
+    assert store.meta["sources"] == good and report.records == len(store) == 38
+    assert [name for name, _ in report.skipped] == ["c/05.png", "c/37.png"]
+    assert [(name, record) for name, record, _ in map(dict.values, store.meta["decode_warnings"])] == [
+        ("c/20.jpg", good.index("c/20.jpg"))
+    ]
+    assert report.decode_warnings[0][0] == "c/20.jpg"
+    assert report.files_read == 40 and report.store_bytes == report.path.stat().st_size
+    assert report.source_bytes == sum((src / name).stat().st_size for name in good)  # bytes of the records
+    reference = fastload.Store(fastload.pack(src, tmp_path / "one.fl", 8, workers=4).path)
+    assert store.images.tobytes() == reference.images.tobytes()
+    assert store.meta["pack"] == {
+        "size": [8, 8],
+        "resize": "crop",
+        "fill": [0, 0, 0],
+        "filter": "lanczos3",
+        "alpha_background": list(_core.PACK_ALPHA_BACKGROUND),
+        "labels": "class folders",
+        "label_dtype": "int64",
+        "source": str(src.resolve()),
+    }
+    assert store.meta["class_names"] == ["c"] and "labels" not in store.meta
+
+
+def test_a_chunk_is_bounded_by_records_and_bytes(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    chunked_folder(src)
+    progress = []
+    monkeypatch.setattr(pipeline, "MAX_CHUNK_RECORDS", 12)
+    fastload.pack(src, tmp_path / "a.fl", 8, workers=1, progress=lambda *p: progress.append(p[0]))
+    assert progress == [12, 24, 36, 40]
+    monkeypatch.setattr(pipeline, "MAX_CHUNK_BYTES", 8 * 8 * 3 * 15)  # 15 records
+    progress.clear()
+    fastload.pack(src, tmp_path / "b.fl", 8, workers=1, progress=lambda *p: progress.append(p[0]))
+    assert progress == [12, 24, 36, 40]
+    progress.clear()
+    fastload.pack(src, tmp_path / "d.fl", (8, 20), workers=1, progress=lambda *p: progress.append(p[0]))
+    assert progress == [6, 12, 18, 24, 30, 36, 40]  # twice the bytes a record: 6 fit
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_ends_at_every_file_with_the_read_rate(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    chunked_folder(src)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fastload.pack(src, tmp_path / "s.fl", 8, workers=1)
+    drawn = sys.stderr.getvalue().split("\r")[-1]
+    assert "packing 100%" in drawn and "40/40 files" in drawn and re.search(r"[\d.]+ MB/s read\]", drawn)
+
+
+def test_the_labels_csv_inside_src_is_not_a_file_to_pack(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png", "b.png"])
+    (src / "sub").mkdir()
+    (src / "sub" / "labels.csv").write_text("a.png,1\nb.png,2\n")
+    report = fastload.pack(src, tmp_path / "s.fl", 8, labels=src / "sub" / ".." / "sub" / "labels.csv")
+    assert report.skipped == [] and report.records == 2
+    store = fastload.Store(report.path)
+    assert store.meta["pack"]["labels"] == str(src / "sub" / ".." / "sub" / "labels.csv")
+    assert store.meta["pack"]["label_dtype"] == "int64" and "class_names" not in store.meta
+
+
+def test_names_that_fit_the_metadata_exactly_pass_the_early_check(tmp_path, monkeypatch):
+    src = classes(tmp_path / "src")
+    (src / ".x").write_text("hidden")
+    # (len("cat/a.png") + 4) + (len("dog/b.png") + 4) + (len(".x") + 64): the estimate, in bytes
+    monkeypatch.setattr(_core, "MAX_META_LEN", 92)
+    with pytest.raises(
+        ValueError, match="metadata is .* bytes as JSON"
+    ):  # past the names, the writer's own check
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    monkeypatch.setattr(_core, "MAX_META_LEN", 91)
+    with pytest.raises(ValueError, match=r"the names of 2 files take about 0 MiB, over the store's 0 MiB"):
+        fastload.pack(src, tmp_path / "t.fl", 8)
+
+
+def test_too_many_names_are_measured_in_mib(tmp_path, monkeypatch):
+    src = classes(tmp_path / "src")
+    names = [f"c/{'x' * 1000}{i}.png" for i in range(3000)]  # about 3 MiB
+    monkeypatch.setattr(pipeline, "walk", lambda *args: (names, [], ["c"]))
+    monkeypatch.setattr(_core, "MAX_META_LEN", 2 << 20)
+    assert pack_error(src, tmp_path / "s.fl", 8) == (
+        f"{src}: the names of 3,000 files take about 3 MiB, over the store's 2 MiB metadata limit; "
+        "pack the folder as several stores"
+    )
+
+
+def test_paths_are_refused_word_for_word(tmp_path):
+    src = classes(tmp_path / "src")
+    cases = [
+        (tmp_path / "nowhere", tmp_path / "s.fl", {}, f"{tmp_path / 'nowhere'}: no such folder"),
+        (
+            src / "cat" / "a.png",
+            tmp_path / "s.fl",
+            {},
+            f"{src / 'cat' / 'a.png'}: not a folder (pack takes a folder of images)",
+        ),
+        (
+            src,
+            tmp_path / "l.csv",
+            {"labels": tmp_path / "l.csv"},
+            f"{tmp_path / 'l.csv'}: the store would replace the labels file",
+        ),
+        (
+            src,
+            tmp_path,
+            {},
+            f"store {tmp_path} is a directory, not a regular file: fastload only replaces regular files; choose another path",
+        ),
+    ]
+    (tmp_path / "l.csv").write_text("cat/a.png,1\n")
+    for source, dest, options, message in cases:
+        with pytest.raises((OSError, ValueError)) as err:
+            fastload.pack(source, dest, 8, **options)
+        assert str(err.value) == message
+    (tmp_path / "s.fl").write_bytes(b"precious")
+    with pytest.raises(FileExistsError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert (
+        str(err.value)
+        == f"{tmp_path / 's.fl'}: already exists (pass overwrite=True or --overwrite to replace it)"
+    )
+
+
+@pytest.mark.parametrize("fill", [-1, 256, (1, 2), (0, 0, 256), (0, 0, -1), (1, 2, 3, 4), (0, 0, 1.5)])
+def test_a_fill_outside_0_255_or_not_a_triple_is_refused(tmp_path, fill):
+    src = classes(tmp_path / "src")
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, resize="pad", fill=fill)
+    assert str(err.value) == f"fill must be an int 0-255 or an (R, G, B) triple, not {fill!r}"
+
+
+def test_fill_takes_0_to_255(tmp_path):
+    src = classes(tmp_path / "src")
+    store = fastload.Store(
+        fastload.pack(src, tmp_path / "s.fl", (8, 16), resize="pad", fill=(0, 255, 7)).path
+    )
+    assert store.meta["pack"]["fill"] == [0, 255, 7] and store.meta["pack"]["resize"] == "pad"
+    assert np.asarray(store.images[0])[0, 0].tolist() == [0, 255, 7]
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (dict(size=0), ValueError, "size must be between 1 and 65535 pixels, not 0"),
+        (dict(size=(0, 8)), ValueError, "size must be between 1 and 65535 pixels, not (0, 8)"),
+        (dict(size=(1, 65536)), ValueError, "size must be between 1 and 65535 pixels, not (1, 65536)"),
+        (dict(size=(1, 2, 3)), ValueError, "size must be an int or (height, width), not (1, 2, 3)"),
+        (dict(size=(8, True)), ValueError, "size must be an int or (height, width), not (8, True)"),
+        (dict(size=2.5), ValueError, "size must be an int or (height, width), not 2.5"),
+        (dict(progress=5), TypeError, "progress must be a callable (done, total), not int"),
+        (dict(resize="stretch"), ValueError, "resize must be one of squash, crop, pad, not 'stretch'"),
+        (dict(label_dtype="int8"), ValueError, "label_dtype must be 'float64' or 'int64', not 'int8'"),
+        (dict(workers=2.5), ValueError, "workers must be an int, not 2.5"),
+        (dict(workers=True), ValueError, "workers must be an int, not True"),
+        (dict(labels=""), ValueError, "labels is an empty path; give the labels CSV file"),
+        (dict(labels=5), TypeError, "labels must be a str or os.PathLike, not int"),
+    ],
+)
+def test_bad_options_are_refused_word_for_word(tmp_path, options, error, message):
+    src = classes(tmp_path / "src")
+    with pytest.raises(error) as err:
+        fastload.pack(src, tmp_path / "s.fl", **{"size": 8, **options})
+    assert str(err.value) == message
+
+
+def test_options_are_checked_before_the_folder_is_read(tmp_path):
+    src = photo_folder(tmp_path / "src", ["a.png"])  # no labels: an error, but a later one
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, label_dtype="int8")
+    assert str(err.value) == "label_dtype must be 'float64' or 'int64', not 'int8'"
+
+
+def test_a_folder_without_images_lists_what_it_holds(tmp_path):
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    (src / "c" / "notes.txt").write_text("x")
+    extensions = ".bmp, .dib, .gif, .jfif, .jpe, .jpeg, .jpg, .png, .tif, .tiff, .webp"
+    found = f"{src}: no images found (1 other file(s); images are files ending in {extensions})"
+    assert pack_error(src, tmp_path / "s.fl", 8) == found
+    (src / ".DS_Store").write_text("x")
+    assert pack_error(src, tmp_path / "s.fl", 8) == f"{found}\n  .DS_Store: hidden file"
+
+
+def test_src_and_dest_of_the_wrong_type_are_named(tmp_path):
+    with pytest.raises(TypeError) as err:
+        fastload.pack(None, tmp_path / "s.fl")
+    assert str(err.value) == "src must be a str or os.PathLike, not NoneType"
+    with pytest.raises(TypeError) as err:
+        fastload.pack(tmp_path, 5)
+    assert str(err.value) == "dest must be a str or os.PathLike, not int"
+    with pytest.raises(ValueError) as err:
+        fastload.pack(tmp_path, tmp_path / "s.fl", no_labels=True, labels=tmp_path / "l.csv")
+    assert str(err.value) == (
+        f"no_labels / --no-labels packs without labels: pass it or labels ({tmp_path / 'l.csv'}), not both"
+    )
+
+
+def test_sizes_at_the_edges_pack(tmp_path, monkeypatch):
+    src = classes(tmp_path / "src")
+    assert fastload.Store(fastload.pack(src, tmp_path / "a.fl", (1, 8)).path).shape == (1, 8, 3)
+    assert fastload.Store(fastload.pack(src, tmp_path / "b.fl", (1, 65535)).path).shape == (1, 65535, 3)
+    monkeypatch.setattr(pipeline, "MAX_CHUNK_BYTES", 8 * 8 * 3)  # a record may fill a chunk exactly
+    assert fastload.pack(src, tmp_path / "c.fl", 8).records == 2
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "d.fl", (8, 9))
+    assert str(err.value) == (
+        "size 8x9: one record takes 0 MiB, over the 0 MiB one chunk of records may hold; pack at a smaller size"
+    )
+
+
+def test_defaults_are_256_pixels_cropped_black_bars_and_a_timed_report(tmp_path):
+    src = classes(tmp_path / "src")
+    started = time.perf_counter()
+    report = fastload.pack(src, tmp_path / "s.fl")
+    took = time.perf_counter() - started
+    assert report.shape == (256, 256, 3) and fastload.Store(report.path).shape == (256, 256, 3)
+    assert 0 < report.seconds <= took
+    image(src / "wide" / "w.png", side=4).write_bytes(
+        (lambda b: b.getvalue())(_png_of(np.full((4, 8, 3), 200, np.uint8)))
+    )
+    padded = fastload.Store(fastload.pack(src, tmp_path / "p.fl", 8, resize="pad").path)
+    assert np.asarray(padded.images[padded.meta["sources"].index("wide/w.png")])[0, 0].tolist() == [0, 0, 0]
+
+
+def _png_of(array: np.ndarray) -> io.BytesIO:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG")
+    return buffer
+
+
+def test_when_no_image_can_be_packed_each_is_named(tmp_path):
+    src = tmp_path / "src"
+    for name in ("c/a.png", "c/b.png"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8)
+    assert str(err.value) == (
+        f"{src}: none of the 2 image(s) could be packed:\n  c/a.png: empty file\n  c/b.png: empty file"
+    )
+
+
+def test_when_every_image_is_left_out_there_is_nothing_to_pack(tmp_path):
+    src = tmp_path / "src"
+    image(src / "a.png")
+    (src / "cat").mkdir()  # a class with no image: a.png lies outside any class folder
+    with pytest.raises(ValueError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, skip_unlabelled=True)
+    assert str(err.value) == f"{src}: no images to pack\n  a.png: no label (skipped by request)"
+
+
+def test_strict_lists_every_bad_file_however_many(tmp_path):
+    src = classes(tmp_path / "src")
+    for i in range(25):
+        (src / "cat" / f"bad{i:02}.png").write_bytes(b"")
+    with pytest.raises(BadFilesError) as err:
+        fastload.pack(src, tmp_path / "s.fl", 8, strict=True)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"25 file(s) in {src} cannot be packed (strict): nothing was written:"
+    assert lines[1:] == [f"  cat/bad{i:02}.png: empty file" for i in range(25)]
+
+
+def test_a_failed_write_of_the_last_chunk_fails_the_pack(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    chunked_folder(src)
+    extend, calls = fastload.StoreWriter.extend, []
+
+    def extend_until_the_disk_fills(writer, *args):
+        calls.append(len(args[0]))
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return extend(writer, *args)
+
+    monkeypatch.setattr(fastload.StoreWriter, "extend", extend_until_the_disk_fills)
+    with pytest.raises(OSError, match="No space left on device"):
+        fastload.pack(src, tmp_path / "s.fl", 8, workers=1)
+    assert calls == [15, 16, 7] and not (tmp_path / "s.fl").exists()
+
+
+def test_no_progress_bar_when_stderr_is_no_terminal_or_quiet(tmp_path, capsys, monkeypatch):
+    src = classes(tmp_path / "src")
+    fastload.pack(src, tmp_path / "a.fl", 8)  # stderr captured: not a terminal
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fastload.pack(src, tmp_path / "b.fl", 8, quiet=True)
+    assert sys.stderr.getvalue() == ""

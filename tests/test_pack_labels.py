@@ -16,6 +16,7 @@ from test_pack import ESCAPED, HOSTILE, classes, cli, image, pack_within, photo_
 import fastload
 import fastload.inspect
 from fastload.cli import main as cli_main
+from fastload.pack.labels import find_labels, read_label_csv
 
 
 @pytest.mark.parametrize("header", [True, False])
@@ -316,3 +317,214 @@ def test_control_characters_are_escaped_in_label_errors(tmp_path, capsys):
     assert f"{ESCAPED}: label 'x' is not a number" in str(info.value)
     assert f"{ESCAPED}x does not exist" in str(info.value)
     assert "\x1b" not in str(info.value)
+
+
+# The labels module on its own: messages word for word, CSV edge cases
+
+
+def read_csv(tmp_path: Path, text, files, label_dtype=None, **kwargs):
+    """`read_label_csv` of a CSV written in `tmp_path` (bytes as given, or text), SRC `tmp_path/src`."""
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return read_label_csv(csv_path, tmp_path / "src", set(files), label_dtype, **kwargs)
+
+
+def csv_error(tmp_path: Path, text, files, label_dtype=None, **kwargs) -> str:
+    with pytest.raises(ValueError) as err:
+        read_csv(tmp_path, text, files, label_dtype, **kwargs)
+    return str(err.value)
+
+
+def test_csv_rows_are_reported_word_for_word(tmp_path):
+    csv_path = tmp_path / "labels.csv"
+    message = csv_error(
+        tmp_path, "a.png,1,2\nb.png, \nc.png,1\nd.png\n", ["a.png", "b.png", "c.png", "d.png"]
+    )
+    assert message == (
+        f"{csv_path}: 3 bad row(s):\n"
+        "  line 1: expected 2 columns (path,label), found 3\n"
+        "  line 2: b.png: empty label\n"
+        "  line 4: expected 2 columns (path,label), found 1"
+    )
+    # A row for a missing file (not skipped) and a mix of names and numbers: both advices.
+    message = csv_error(tmp_path, "a.png,cat\nb.png,1\ngone.png,2\n", ["a.png", "b.png"])
+    assert message == (
+        f"{csv_path}: 2 bad row(s) (1 name no file: skip_missing=True / --skip-missing leaves those rows "
+        "out); labels are numbers, or all of them class names (made classes in sorted order):\n"
+        "  line 1: a.png: label 'cat' is not a number\n"
+        f"  line 3: gone.png does not exist in {tmp_path / 'src'}"
+    )
+
+
+def test_csv_that_is_not_utf8_or_not_csv_is_named(tmp_path):
+    csv_path = tmp_path / "labels.csv"
+    assert csv_error(tmp_path, b"a.png,1\n\xff.png,2\n", ["a.png"]) == (
+        f"{csv_path}: not UTF-8 text (invalid start byte at byte 8)"
+    )
+    assert csv_error(tmp_path, "a.png," + "1" * 200_000 + "\n", ["a.png"]) == (
+        f"{csv_path}: not a CSV file: field larger than field limit (131072)"
+    )
+
+
+def test_a_csv_of_numbers_gives_no_class_names_and_whole_floats_become_int64(tmp_path):
+    files = ["a.png", "b.png", "c.png"]
+    assert read_csv(tmp_path, "a.png,1\nb.png,2\n", files) == ({"a.png": 1, "b.png": 2}, "int64", [], None)
+    labels, dtype, missing, class_names = read_csv(tmp_path, "a.png,2.0\nb.png,1e3\n", files, "int64")
+    assert labels == {"a.png": 2, "b.png": 1000} and dtype == "int64" and class_names is None
+    src = photo_folder(tmp_path / "src", files)
+    (tmp_path / "numbers.csv").write_text("a.png,1\nb.png,2\nc.png,3\n")
+    store = fastload.Store(fastload.pack(src, tmp_path / "s.fl", 8, labels=tmp_path / "numbers.csv").path)
+    assert "class_names" not in store.meta and store.labels.tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("label", ["+inf", "-inf", "-Infinity", "INFINITY", "nan"])
+def test_an_infinite_label_written_as_such_is_not_finite_not_out_of_range(tmp_path, label):
+    message = csv_error(tmp_path, f"a.png,{label}\n", ["a.png"])
+    assert message.endswith(f"line 1: a.png: label '{label}' is not a finite number")
+
+
+def test_absolute_csv_paths_name_files_under_src(tmp_path):
+    src = tmp_path / "src"
+    files = ["cat/a.png", "dog/b.png"]
+    text = f"{src / 'cat' / 'a.png'},cats\n{src / 'dog' / 'b.png'},dogs\n"
+    labels, dtype, _, class_names = read_csv(tmp_path, text, files)  # the first row is data, not a header
+    assert labels == {"cat/a.png": 0, "dog/b.png": 1} and class_names == ["cats", "dogs"]
+
+
+def test_a_first_row_naming_no_file_is_data_when_its_label_is_a_class_below(tmp_path):
+    files = ["b.png", "c.png"]
+    message = csv_error(tmp_path, "gone.png,dogs\nb.png,dogs\nc.png,cats\n", files)
+    assert message.endswith(f"line 1: gone.png does not exist in {tmp_path / 'src'}")
+    # A header's label is no class: the row is left out.
+    labels, _, missing, class_names = read_csv(tmp_path, "file,animal\nb.png,dogs\nc.png,cats\n", files)
+    assert labels == {"b.png": 1, "c.png": 0} and missing == [] and class_names == ["cats", "dogs"]
+
+
+def test_a_missing_row_is_an_error_unless_skip_missing(tmp_path):
+    files = ["a.png"]
+    assert "gone.png does not exist" in csv_error(tmp_path, "a.png,1\ngone.png,2\n", files)
+    assert read_csv(tmp_path, "a.png,1\ngone.png,2\n", files, skip_missing=True)[2] == ["gone.png"]
+
+
+def test_csv_class_names_that_read_as_one_name_are_refused(tmp_path):
+    text = "a.png,\u00e9\nb.png,e\u0301\nc.png,\u00c5\nd.png,A\u030a\n"
+    message = csv_error(tmp_path, text, ["a.png", "b.png", "c.png", "d.png"])
+    assert message == (
+        f"{tmp_path / 'labels.csv'}: class names that read as one name: "
+        "'Å' (labels 0 as 'A\\u030a', 2 as '\\xc5': one text in different Unicode forms); "
+        "'é' (labels 1 as 'e\\u0301', 3 as '\\xe9': one text in different Unicode forms)"
+    )
+
+
+@pytest.mark.safety
+def test_a_file_name_with_a_carriage_return_is_labelled_from_a_quoted_cell(tmp_path):
+    labels, *_ = read_csv(tmp_path, 'path,label\n"x\ry.png",1\n"a\r\nb.png",2\n', ["x\ry.png", "a\r\nb.png"])
+    assert labels == {"x\ry.png": 1, "a\r\nb.png": 2}
+
+
+def test_an_empty_csv_labels_nothing(tmp_path):
+    image(tmp_path / "src" / "a.png")
+    with pytest.raises(ValueError, match=r"^1 image\(s\) have no label: labels\.csv has no row for them"):
+        labelled(tmp_path, "\n\n")
+
+
+# When no row names a file: one message, where the paths would name files
+
+
+def no_row_message(tmp_path: Path, rows, src_files, csv_folder=None, real=()) -> str:
+    """The error for a CSV of `rows` (paths) none naming a file of SRC; `real` files are made
+    (relative to tmp_path) so that a folder names them."""
+    for name in real:
+        image(tmp_path / name)
+    csv_path = (csv_folder or tmp_path) / "labels.csv"
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    csv_path.write_text("".join(f"{r},1\n" for r in rows))
+    with pytest.raises(ValueError) as err:
+        read_label_csv(csv_path, tmp_path / "src", set(src_files), None)
+    return str(err.value)
+
+
+def test_one_row_naming_no_file_is_named(tmp_path):
+    csv_path, src = tmp_path / "labels.csv", tmp_path / "src"
+    assert no_row_message(tmp_path, ["gone.png"], ["a.png"]) == (
+        f"{csv_path}: its one row's path gone.png does not exist in SRC ({src}); paths are read relative "
+        f"to SRC (`cat/1.jpg` for {src}/cat/1.jpg). The first rows name:\n  gone.png"
+    )
+
+
+def test_paths_naming_files_of_the_csv_folder_are_said_to(tmp_path):
+    csv_path, src = tmp_path / "labels.csv", tmp_path / "src"
+    message = no_row_message(
+        tmp_path, ["other/x.png", "other/y.png"], ["a.png"], real=["other/x.png", "other/y.png"]
+    )
+    assert message == (
+        f"{csv_path}: none of its 2 paths names a file in SRC ({src}); paths are read relative to SRC "
+        f"(`cat/1.jpg` for {src}/cat/1.jpg); they name files relative to the CSV's folder ({tmp_path}): "
+        "write them relative to SRC. The first rows name:\n  other/x.png\n  other/y.png"
+    )
+    message = no_row_message(tmp_path, ["nowhere/x.png", "nowhere/y.png"], ["a.png"])
+    assert "they name files" not in message and message.endswith(
+        "The first rows name:\n  nowhere/x.png\n  nowhere/y.png"
+    )
+
+
+def test_a_prefix_of_two_folders_relative_to_src_parent_is_named(tmp_path):
+    csv_path, src = tmp_path / "lists" / "labels.csv", tmp_path / "src"
+    rows = ["src/sub/cat/1.png", "src/sub/dog/2.png"]
+    files = ["sub/cat/1.png", "sub/dog/2.png", "cat/1.png", "dog/2.png"]
+    message = no_row_message(tmp_path, rows, files[2:], csv_folder=tmp_path / "lists", real=rows)
+    assert message == (
+        f"{csv_path}: none of its 2 paths names a file in SRC ({src}); paths are read relative to SRC, "
+        f"and all 2 start with `src/sub/`: they are relative to SRC's parent ({tmp_path}). Write them "
+        "relative to SRC (without `src/sub/`), e.g. `cat/1.png`"
+    )
+    message = no_row_message(
+        tmp_path, ["x/y/cat/1.png", "x/y/dog/2.png"], files[2:], csv_folder=tmp_path / "lists"
+    )
+    assert message.endswith(
+        "and all 2 start with `x/y/`. Write them relative to SRC (without `x/y/`), e.g. `cat/1.png`"
+    )
+
+
+def test_paths_with_different_extra_folders_name_no_prefix(tmp_path):
+    message = no_row_message(tmp_path, ["x/cat/1.png", "y/dog/2.png"], ["cat/1.png", "dog/2.png"])
+    assert "start with" not in message and message.endswith(
+        "The first rows name:\n  x/cat/1.png\n  y/dog/2.png"
+    )
+
+
+# find_labels on its own
+
+
+def test_find_labels_by_default_reads_class_folders_and_refuses_missing_rows(tmp_path):
+    src = tmp_path / "src"
+    files = ["cat/a.png", "dog/b.png", "dog/x/c.png", "top.png"]
+    by_path, dtype, class_names, hint = find_labels(src, None, files, [], ["cat", "dog"], None)
+    assert by_path == {"cat/a.png": 0, "dog/b.png": 1, "dog/x/c.png": 1} and dtype == "int64"
+    assert class_names == ["cat", "dog"] and hint == f"they lie directly in {src}, outside any class folder"
+    (tmp_path / "labels.csv").write_text("cat/a.png,1\ngone.png,2\n")
+    with pytest.raises(ValueError, match="gone.png does not exist"):
+        find_labels(src, tmp_path / "labels.csv", files, [], [], None)
+
+
+def test_no_labels_is_explained_word_for_word(tmp_path):
+    src = tmp_path / "src"
+    with pytest.raises(ValueError) as err:
+        find_labels(src, None, ["a.png"], [], [], None)
+    assert str(err.value) == (
+        f"{src}: no labels. Either pass a CSV of `relative/path,label` rows (labels=... / --labels FILE.csv), "
+        f"or put the images in one subfolder per class ({src}/CLASS_NAME/image.jpg; labels are class "
+        "indices in sorted name order), or pack them without labels (no_labels=True / --no-labels: every "
+        "label 0, NaN for float64)"
+    )
+
+
+def test_class_folders_that_read_as_one_name_are_all_listed(tmp_path):
+    folders = ["A\u030a", "e\u0301", "\u00c5", "\u00e9"]
+    with pytest.raises(ValueError) as err:
+        find_labels(tmp_path, None, [f"{f}/1.png" for f in folders], [], folders, None)
+    assert str(err.value) == (
+        f"{tmp_path}: class folders that read as one name: "
+        "'Å' (labels 0 as 'A\\u030a', 2 as '\\xc5': one text in different Unicode forms); "
+        "'é' (labels 1 as 'e\\u0301', 3 as '\\xe9': one text in different Unicode forms); rename them apart"
+    )

@@ -11,6 +11,7 @@ from test_pack import classes, cli, gradient, image, pack_within
 
 import fastload
 from fastload.pack import LINK_OUTSIDE_SRC, pipeline
+from fastload.pack.walk import HIDDEN_FILE, HIDDEN_FOLDER, walk
 
 pytestmark = pytest.mark.safety
 
@@ -76,3 +77,53 @@ def test_symbolic_links_out_of_src_are_skipped_unless_asked(tmp_path, capsys):
 
     code, out, _ = cli(capsys, src, tmp_path / "u.fl", "--size", 8, "--follow-symlinks")
     assert code == 0 and "packed 6 images" in out
+
+
+def test_walk_lists_each_entry_that_is_not_an_image_with_its_reason(tmp_path, monkeypatch):
+    """Each reason word for word, as the report and `meta["skipped"]` show it; a sub-folder
+    that cannot be listed is skipped (SRC itself that cannot be listed is an error)."""
+    src = classes(tmp_path / "src")
+    image(src / "cat" / ".hidden.png")
+    image(src / ".git" / "x.png")
+    (src / "cat" / "folder.png").mkdir()
+    os.symlink(src / "cat", src / "dog" / "again")  # a second way into a visited folder
+    os.symlink(src / "cat" / "gone.png", src / "cat" / "broken.png")
+    os.symlink("self", src / "dog" / "self")  # a link to itself: stat fails (ELOOP)
+    os.mkfifo(src / "dog" / "pipe.png")
+    os.symlink("pipe.png", src / "dog" / "pipe_link.png")  # a link, not broken, to no regular file
+    image(src / "locked" / "c.png")
+    scandir = os.scandir
+
+    def unlistable(path):
+        if os.path.basename(path) == "locked":  # root reads any folder: the failure is simulated
+            raise PermissionError(13, "Permission denied", path)
+        return sorted(scandir(path), key=lambda entry: entry.name)  # "locked" is listed last, walked first
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    files, skipped, top_folders = walk(src, None)
+    assert files == ["cat/a.png", "dog/b.png"]
+    assert top_folders == ["cat", "dog", "locked"]
+    assert skipped == [
+        (".git", HIDDEN_FOLDER),
+        ("cat/.hidden.png", HIDDEN_FILE),
+        ("cat/broken.png", "not a regular file (broken symbolic link)"),
+        ("cat/folder.png", "a folder, not an image file"),
+        ("dog/again", "a folder already visited (symbolic link loop)"),
+        ("dog/pipe.png", "not a regular file"),
+        ("dog/pipe_link.png", "not a regular file"),
+        ("dog/self", "not a regular file: Too many levels of symbolic links"),
+        ("locked", "cannot list this folder: Permission denied"),
+    ]
+    monkeypatch.setattr(os, "scandir", lambda path: unlistable(src / "locked"))
+    with pytest.raises(PermissionError):
+        walk(src, None)
+
+
+def test_walk_leaves_out_the_excluded_file_and_links_out_of_src_by_default(tmp_path):
+    src = classes(tmp_path / "src")
+    (src / "labels.csv").write_text("cat/a.png,0\n")
+    os.symlink(image(tmp_path / "out.png"), src / "dog" / "out.png")
+    files, skipped, _ = walk(src, "labels.csv")
+    assert files == ["cat/a.png", "dog/b.png"]
+    assert skipped == [("dog/out.png", LINK_OUTSIDE_SRC)]
+    assert walk(src, None, follow_symlinks=True)[0] == ["cat/a.png", "dog/b.png", "dog/out.png", "labels.csv"]
