@@ -11,7 +11,7 @@ from typing import Any, Iterator, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from fastload._checks import fspath
+from fastload._checks import fspath, is_int
 from fastload.dataset.buffers import BufferPool
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
 from fastload.dataset.prefetch import Pass
@@ -341,11 +341,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
 
 def _epoch_number(epoch: Any) -> int:
     """An epoch a state or `set_epoch` may name: 0..LAST_EPOCH + 1."""
-    if (
-        isinstance(epoch, bool)
-        or not isinstance(epoch, (int, np.integer))
-        or not 0 <= epoch <= LAST_EPOCH + 1
-    ):
+    if not is_int(epoch) or not 0 <= epoch <= LAST_EPOCH + 1:
         raise ValueError(f"epoch must be an integer from 0 to 2**62, not {epoch!r}")
     return int(epoch)
 

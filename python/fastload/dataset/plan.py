@@ -7,7 +7,7 @@ from typing import Any, Tuple, Union
 
 import numpy as np
 
-from fastload._checks import fspath
+from fastload._checks import fspath, is_int
 from fastload.store import PathLike, Store
 
 ORDERS = ("random", "sequential", "block")
@@ -20,7 +20,7 @@ WINDOW_BLOCKS = 8
 
 def positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """`value` as an int in [minimum, 2**62): the bound keeps it inside the int64 state slots."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
     if value >= 2**62:
         raise ValueError(f"{name} must be below 2**62, not {value!r}")
@@ -31,7 +31,7 @@ def split_indices(n_or_store: Union[int, Store, PathLike], val_fraction: float, 
     """Splits record numbers 0..n-1 reproducibly into (train, val), disjoint and covering,
     each sorted, with round(n * val_fraction) records in val. `n_or_store` is a count, a
     `Store` or a store's path."""
-    if isinstance(n_or_store, (int, np.integer)) and not isinstance(n_or_store, bool):
+    if is_int(n_or_store):
         n = positive_int(n_or_store, "n", minimum=0)
     elif isinstance(n_or_store, Store):
         n = len(n_or_store)

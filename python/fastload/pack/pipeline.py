@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
-from fastload._checks import fspath
+from fastload._checks import fspath, is_int
 from fastload.errors import BadFilesError
 from fastload.files import output_target
 from fastload.options import RESIZE_MODES
@@ -131,7 +131,7 @@ def _as_size(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
         if isinstance(size, (int, np.integer))
         else tuple(np.atleast_1d(np.asarray(size, dtype=object)))
     )
-    if len(pair) != 2 or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in pair):
+    if len(pair) != 2 or not all(is_int(s) for s in pair):
         raise ValueError(f"size must be an int or (height, width), not {size!r}")
     if not all(0 < s < 2**16 for s in pair):
         raise ValueError(f"size must be between 1 and 65535 pixels, not {size!r}")
