@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent / "python"
 PACKAGE = "fastload"
@@ -75,14 +75,25 @@ def layer_of(module: str) -> Optional[int]:
     return None
 
 
-def private_imports(name: str, path: Path, modules: Dict[str, Path]) -> List[str]:
-    """The private names (a leading underscore, not a dunder, not a module) that module
-    ``name`` imports from another module of the package."""
+#: A module's import statements, each with the package its relative imports resolve against.
+Statements = List[Tuple[ast.AST, str]]
+
+
+def import_statements(name: str, path: Path) -> Statements:
+    """Every import statement of module ``name`` (those inside functions included), each with
+    the package its relative imports resolve against; none for an extension's stub."""
     if path.suffix != ".py":
         return []
-    found = []
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return [(node, package) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def private_imports(name: str, statements: Statements, modules: Dict[str, Path]) -> List[str]:
+    """The private names (a leading underscore, not a dunder, not a module) that module
+    ``name`` imports from another module of the package."""
+    found = []
+    for node, package in statements:
         if not isinstance(node, ast.ImportFrom):
             continue
         source = resolve(node, package)
@@ -103,12 +114,8 @@ def resolve(node: ast.ImportFrom, package: str) -> str:
     return node.module or ""
 
 
-def imports_of(name: str, path: Path, modules: Dict[str, Path]) -> Set[str]:
+def imports_of(name: str, statements: Statements, modules: Dict[str, Path]) -> Set[str]:
     """The package's modules that module `name` imports."""
-    if path.suffix != ".py":
-        return set()
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
     found: Set[str] = set()
 
     def nearest_module(dotted: str) -> Optional[str]:
@@ -117,17 +124,15 @@ def imports_of(name: str, path: Path, modules: Dict[str, Path]) -> Set[str]:
             dotted = dotted.rpartition(".")[0]
         return dotted or None
 
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node, package in statements:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             source = resolve(node, package)
             # `from a import b`: the submodule a.b if there is one, else module a itself.
             targets = [
                 f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names
             ]
-        else:
-            continue
         for target in targets:
             if target == PACKAGE or target.startswith(PACKAGE + "."):
                 module = nearest_module(target)
@@ -165,7 +170,8 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
 
 def problems(root: Path = ROOT) -> List[str]:
     modules = module_names(root)
-    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    statements = {name: import_statements(name, path) for name, path in modules.items()}
+    graph = {name: imports_of(name, statements[name], modules) for name in modules}
     found = [
         f"{name} imports {TOP}: nothing may import the command line"
         for name, deps in sorted(graph.items())
@@ -184,8 +190,8 @@ def problems(root: Path = ROOT) -> List[str]:
                 found.append(
                     f"{name} ({LAYERS[layer][0]}) imports {dep} ({LAYERS[dep_layer][0]}), a higher layer"
                 )
-    for name, path in sorted(modules.items()):
-        found.extend(private_imports(name, path, modules))
+    for name in sorted(modules):
+        found.extend(private_imports(name, statements[name], modules))
     cycle = find_cycle(graph)
     if cycle:
         found.append("import cycle: " + " -> ".join(cycle))
