@@ -137,3 +137,21 @@ def verify(path: PathLike, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecord
         sources = _meta_list(store, "sources") if damaged else None
         named = [(i, sources[i] if sources and i < len(sources) else None) for i in damaged]
         return DamagedRecords(named, damaged.total)
+
+
+# Host bytes a step holds per image byte of its batch: the uint8 buffers in flight (the one in
+# use and the prefetched ones) and the float32 copy a model (or a bench stage) reads.
+BATCH_BYTES_PER_IMAGE_BYTE = 8
+
+
+def check_batch_memory(batch_size: int, store: Store) -> None:
+    """Refuses a batch whose buffers cannot fit in this machine's RAM (when it is known)."""
+    per_record = BATCH_BYTES_PER_IMAGE_BYTE * store.image_nbytes
+    ram = machine_memory()
+    if ram and batch_size * per_record > ram:
+        h, w, c = store.shape
+        raise ValueError(
+            f"batch_size must be between 1 and {ram // per_record:,} for {h}x{w}x{c} records of "
+            f"{store.path} (a step holds about {per_record:,} bytes per record, this machine has "
+            f"{ram / 1e9:.1f} GB of RAM), not {batch_size:,}"
+        )

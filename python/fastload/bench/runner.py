@@ -43,7 +43,7 @@ from fastload.bench.stages import (
 )
 from fastload.dataset.plan import positive_int
 from fastload.files import output_target, replace_atomically
-from fastload.inspect import machine_memory, memory_plan
+from fastload.inspect import check_batch_memory, machine_memory, memory_plan
 from fastload.progress import Progress
 from fastload.store import PathLike, Store, StoreWriter
 
@@ -156,7 +156,7 @@ def run(
         with Store(path) as s:
             if len(s) == 0:
                 raise ValueError(f"{path}: the store has no records to benchmark")
-            check_batch_fits(batch_size, s)
+            check_batch_memory(batch_size, s)
             sample = max(1, min(len(s), plan.sample_bytes // s.image_nbytes))
             ctx = Context(
                 path=path,
@@ -212,20 +212,6 @@ def run(
     if console:
         print_report(results)
     return results
-
-
-def check_batch_fits(batch_size: int, store: Store) -> None:
-    """Refuses a batch the stages cannot hold: each stage keeps a few batches (uint8 and
-    float32) at once, so a batch beyond an eighth of this machine's RAM (when known) fails."""
-    ram = machine_memory()
-    most = max(1, ram // (8 * store.image_nbytes)) if ram else None
-    if most is not None and batch_size > most:
-        h, w, c = store.shape
-        raise ValueError(
-            f"batch_size must be between 1 and {most:,} for {h}x{w}x{c} records of {store.path} "
-            f"(a batch of {batch_size:,} is {batch_size * store.image_nbytes / 1e9:,.1f} GB as uint8; "
-            f"this machine has {ram / 1e9:.1f} GB of RAM), not {batch_size:,}"
-        )
 
 
 def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:

@@ -16,7 +16,7 @@ from torch import nn
 
 from fastload._checks import fspath, is_int
 from fastload.augment import Augment
-from fastload.inspect import machine_memory, usable_cores
+from fastload.inspect import usable_cores
 from fastload.monotonic.lattice import check_lattice_size
 from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
 from fastload.store import PathLike, Store
@@ -34,9 +34,6 @@ MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB 
 MAX_NUM_FEATURES = 4096
 MAX_LATTICE_SIZE = 32
 MAX_SEED = 2**62 - 1  # as FastLoadDataset's seed (dataset.plan.positive_int)
-# Host bytes a training step holds per image byte of its batch: the uint8 buffers in flight
-# (the one in use and the prefetched ones) and the float32 copy the model reads.
-BATCH_BYTES_PER_IMAGE_BYTE = 8
 
 
 @dataclass
@@ -207,19 +204,6 @@ def option_problem(name: str, value: Any) -> Optional[str]:
     if high is None:
         return None if value >= low else f"must be at least {low}, not {value}"
     return None if low <= value <= high else f"must be between {low} and {high} ({why}), not {value}"
-
-
-def check_batch_memory(batch_size: int, store: Store) -> None:
-    """Refuses a batch whose buffers cannot fit in this machine's RAM (when it is known)."""
-    per_record = BATCH_BYTES_PER_IMAGE_BYTE * store.image_nbytes
-    ram = machine_memory()
-    if ram and batch_size * per_record > ram:
-        h, w, c = store.shape
-        raise ValueError(
-            f"batch_size must be between 1 and {ram // per_record:,} for {h}x{w}x{c} records of "
-            f"{store.path} (a step holds about {per_record:,} bytes per record, this machine has "
-            f"{ram / 1e9:.1f} GB of RAM), not {batch_size:,}"
-        )
 
 
 def resolve_device(device: Union[str, torch.device]) -> torch.device:

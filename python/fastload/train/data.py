@@ -23,9 +23,10 @@ from fastload._checks import fspath
 from fastload.augment import Augment
 from fastload.dataset import FastLoadDataset, split_indices
 from fastload.device import DeviceLoader, to_device
+from fastload.inspect import check_batch_memory
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_same_stores
-from fastload.train.config import TrainConfig, check_batch_memory
+from fastload.train.config import TrainConfig
 from fastload.train.task import (
     CLASSIFICATION,
     baseline,
