@@ -85,9 +85,16 @@ MODULES = {
     "monotonic/linear.py": ["tests/test_monotonic_linear.py", "tests/test_monotonic_constraints.py"],
     "monotonic/lattice.py": ["tests/test_monotonic_lattice.py", "tests/test_monotonic_constraints.py"],
 }
-RUST_FILES = ["rust/format.rs", "rust/gather.rs", "rust/prefetch.rs", "rust/writer.rs", "rust/store.rs"]
+RUST_FILES = [
+    "rust/format.rs",
+    "rust/gather.rs",
+    "rust/prefetch.rs",
+    "rust/writer.rs",
+    "rust/direct_write.rs",
+    "rust/store.rs",
+]
 # The Rust unit tests that reach those files (pack's, augment's and recycle's reach none of them).
-RUST_TESTS = ["format::", "fuzz_tests::", "gather::", "prefetch::", "store::", "writer::"]
+RUST_TESTS = ["format::", "fuzz_tests::", "gather::", "prefetch::", "store::", "writer::", "direct_write::"]
 
 # mutmut's statuses that mean the tests noticed the mutant (a timeout or a crash is noticed too).
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}

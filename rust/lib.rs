@@ -3,6 +3,7 @@
 //! The `python` feature adds the thin PyO3 binding in `bindings/`.
 
 pub mod augment;
+pub mod direct_write;
 pub mod error;
 pub mod format;
 pub mod gather;
