@@ -594,6 +594,48 @@ mod tests {
     }
 
     #[test]
+    fn label_dtypes_are_named_as_numpy_names_them() {
+        for dtype in [LabelDtype::Float64, LabelDtype::Int64] {
+            assert_eq!(LabelDtype::from_name(dtype.name()), Some(dtype));
+        }
+        assert_eq!(LabelDtype::Float64.name(), "float64");
+        assert_eq!(LabelDtype::Int64.name(), "int64");
+        for unknown in ["", "float32", "Int64", "int64 "] {
+            assert_eq!(LabelDtype::from_name(unknown), None, "{unknown:?}");
+        }
+    }
+
+    #[test]
+    fn the_limits_are_inclusive_and_the_errors_name_them() {
+        // A file of exactly one header of zeros is a file that is not a store, not a short one.
+        let zeros = [0u8; HEADER_SIZE];
+        expect(&zeros, HEADER_SIZE as u64, |e| {
+            matches!(e, FormatError::Magic)
+        });
+        // A file shorter than a header says so, whatever bytes the caller holds.
+        let h = sample();
+        let message = Header::decode(&h.encode(), 100).unwrap_err().to_string();
+        assert!(
+            message.contains("shorter than the 4096-byte header"),
+            "{message}"
+        );
+        // Metadata of exactly the limit is a valid store; one byte more names the limit.
+        let largest = Header::new(1, (2, 2, 3), LabelDtype::Int64, MAX_META_LEN).unwrap();
+        assert_eq!(
+            Header::decode(&largest.encode(), largest.file_length).unwrap(),
+            largest
+        );
+        let mut b = largest.encode();
+        b[104..112].copy_from_slice(&(MAX_META_LEN + 1).to_le_bytes());
+        b[112..120].copy_from_slice(&(largest.file_length + 1).to_le_bytes());
+        reseal(&mut b);
+        let message = Header::decode(&b, largest.file_length + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("-byte limit"), "{message}");
+    }
+
+    #[test]
     fn meta_shape_counts_values_and_depth() {
         let shape = meta_shape(r#" {"a": [1, {"b": null}, "x"], "c": 2.5}"#).unwrap();
         assert_eq!(
@@ -634,6 +676,11 @@ mod tests {
             err.to_string().contains("more than 4000000 elements"),
             "{err}"
         );
+        let at_the_limits = MetaShape {
+            values: MAX_META_VALUES,
+            depth: MAX_META_DEPTH,
+        };
+        assert!(at_the_limits.check_bounds().is_ok());
     }
 
     proptest! {
