@@ -319,12 +319,9 @@ class SimulatedStream:
         return Event
 
 
-@pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
-def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
-    """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
-    (`.to("cuda", non_blocking=True)`) and drops the batch at once: a buffer is refilled
-    only after the copies queued on it have run, however far the GPU lags (simulated here:
-    no GPU in CI), and buffers are still reused rather than allocated anew."""
+def simulate_cuda(monkeypatch):
+    """A machine with CUDA, simulated: its stream, and the `pin_memory` that each batch
+    buffer's images and labels were allocated with, in order."""
     stream = SimulatedStream()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -333,11 +330,31 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
     pinned = []
 
     def allocate(*args, **kwargs):
-        if "dtype" in kwargs:  # a batch buffer's images or labels: each must be pinned
+        if "dtype" in kwargs:  # a batch buffer's images or labels
             pinned.append(kwargs.pop("pin_memory", False))
         return empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", allocate)
+    return stream, pinned
+
+
+@pytest.mark.parametrize("pin_memory, pinned", [(None, True), (True, True), (False, False)])
+def test_with_cuda_batches_are_pinned_unless_pin_memory_is_false(store_path, monkeypatch, pin_memory, pinned):
+    stream, allocations = simulate_cuda(monkeypatch)
+    ds = FastLoadDataset(store_path, 4, pin_memory=pin_memory)
+    assert ds.pin_memory is pinned
+    for _ in ds:
+        stream.run()
+    assert allocations and set(allocations) == {pinned}
+
+
+@pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
+def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
+    """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
+    (`.to("cuda", non_blocking=True)`) and drops the batch at once: a buffer is refilled
+    only after the copies queued on it have run, however far the GPU lags (simulated here:
+    no GPU in CI), and buffers are still reused rather than allocated anew."""
+    stream, pinned = simulate_cuda(monkeypatch)
     store = Store(store_path)
     ds = FastLoadDataset(store, 4, prefetch=2, return_indices=True)
     assert ds.pin_memory
@@ -349,7 +366,7 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
                 stream.run()
     stream.run()
     assert stream.copied == 2 * len(ds) and stream.overwritten == []
-    assert pinned and all(pinned)
+    assert pinned and all(pinned)  # each batch buffer's images and labels
     buffers = len(pinned) // 2  # each buffer is an images and a labels tensor
     # `prefetch` ahead, the user's batch, and those whose copy is still queued: the pool
     # allocates rather than wait for a copy while fewer than COPIES_IN_FLIGHT are queued
