@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from dataset_helpers import N
+from dataset_helpers import N, simulate_worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -348,6 +348,20 @@ def test_with_cuda_batches_are_pinned_unless_pin_memory_is_false(store_path, mon
     assert allocations and set(allocations) == {pinned}
 
 
+def test_a_workers_batches_are_made_in_shared_memory_and_never_pinned(store_path, monkeypatch):
+    """In a DataLoader worker each batch is made in shared memory, which the DataLoader sends to
+    the main process as it is (no copy), and is not pinned, even where the main process's
+    batches are: pinning would start CUDA in a forked worker. Simulated: worker 0 of 1, in this
+    process, on a machine with CUDA."""
+    _, pinned = simulate_cuda(monkeypatch)
+    simulate_worker(monkeypatch, 0, 1, seed=5)
+    ds = FastLoadDataset(store_path, 4)
+    assert ds.pin_memory
+    shared = [images.is_shared() and labels.is_shared() for images, labels in ds]
+    assert len(shared) == len(ds) and all(shared)
+    assert pinned and not any(pinned)
+
+
 @pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
 def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
     """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
@@ -401,6 +415,13 @@ def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path)
     ((images, labels, idx),) = list(ds)
     assert images.shape[0] == N and sorted(idx.tolist()) == list(range(N))
     assert images.untyped_storage().nbytes() == N * images[0].numel()
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_a_batch_buffer_holds_one_batch_exactly(store_path, batch_size):
+    images, labels = next(iter(FastLoadDataset(store_path, batch_size)))
+    assert images.untyped_storage().nbytes() == batch_size * images[0].numel()
+    assert labels.untyped_storage().nbytes() == batch_size * labels.element_size()
 
 
 def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from dataset_helpers import N, epoch, write_store
+from dataset_helpers import N, epoch, simulate_worker, write_store
 from torch.utils.data import DataLoader
 
 import fastload
@@ -253,8 +253,7 @@ def test_a_worker_that_finished_its_share_reports_it_and_resumes_with_nothing_le
     StatefulDataLoader saves per worker), also once the share is done: restored from it, the
     worker has nothing left of that epoch, and its next iteration is its share of the next
     epoch, not the same share again. Worker 1 of 2, simulated in this process."""
-    Info = collections.namedtuple("Info", "id num_workers seed")
-    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: Info(1, 2, 11))
+    simulate_worker(monkeypatch, 1, 2, seed=11)
     ds = FastLoadDataset(store_path, 4, seed=3, return_indices=True)
     share = epoch(ds)
     assert len(share) == len(ds) // 2
