@@ -17,6 +17,7 @@ from dataset_helpers import N, epoch, simulate_worker, write_store
 from torch.utils.data import DataLoader
 
 import fastload
+import fastload.dataset.dataset
 import fastload.device
 from fastload import FastLoadDataset, Store
 from fastload.dataset.plan import epoch_order
@@ -339,12 +340,17 @@ def test_a_dataloader_that_batches_the_batches_again_is_warned_about(tmp_path):
         "^FastLoadDataset yields whole batches, and this DataLoader batches them again into 5-D "
         "tensors: pass batch_size=None, as in DataLoader\\(ds, batch_size=None\\)$"
     )
-    with pytest.warns(UserWarning, match=message):
+    with pytest.warns(UserWarning, match=message) as record:
         images, _ = next(iter(torch.utils.data.DataLoader(ds)))
     assert images.dim() == 5  # what the warning is about
+    # attributed to fastload, not to torch: a filter on torch's warnings leaves it alone
+    assert [w.filename for w in record] == [fastload.dataset.dataset.__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         images, _ = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
         assert images.shape == (4, 2, 2, 3)
         for images, _ in ds:
+            assert images.dim() == 4
+        # iterated by an object whose `dataset` is ds, but that is no DataLoader's fetcher
+        for images, _ in fastload.device.DeviceLoader(ds, "cpu"):
             assert images.dim() == 4
