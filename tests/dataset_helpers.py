@@ -1,8 +1,12 @@
 """What the dataset tests share (tests/test_dataset.py, test_plan.py, test_prefetch.py,
 test_buffers.py, test_dataset_store.py, test_distributed.py): a store of N records, whose
-`store_path` fixture is in conftest.py, and the record numbers of each batch of an epoch."""
+`store_path` fixture is in conftest.py, the record numbers of each batch of an epoch, and a
+DataLoader worker simulated in this process."""
+
+import collections
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from fastload import StoreWriter
@@ -25,3 +29,10 @@ def epoch(ds, num_workers=None, **loader_kwargs):
         else DataLoader(ds, batch_size=None, num_workers=num_workers, **loader_kwargs)
     )
     return [batch[2].tolist() for batch in source]
+
+
+def simulate_worker(monkeypatch, worker_id, num_workers, seed):
+    """Makes the dataset in this process act as DataLoader worker `worker_id` of `num_workers`,
+    whose base seed is `seed`: a worker's code path, without a worker process."""
+    info = collections.namedtuple("WorkerInfo", "id num_workers seed")(worker_id, num_workers, seed)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from dataset_helpers import N
+from dataset_helpers import N, simulate_worker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -319,12 +319,9 @@ class SimulatedStream:
         return Event
 
 
-@pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
-def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
-    """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
-    (`.to("cuda", non_blocking=True)`) and drops the batch at once: a buffer is refilled
-    only after the copies queued on it have run, however far the GPU lags (simulated here:
-    no GPU in CI), and buffers are still reused rather than allocated anew."""
+def simulate_cuda(monkeypatch):
+    """A machine with CUDA, simulated: its stream, and the `pin_memory` that each batch
+    buffer's images and labels were allocated with, in order."""
     stream = SimulatedStream()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -333,11 +330,45 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
     pinned = []
 
     def allocate(*args, **kwargs):
-        if "dtype" in kwargs:  # a batch buffer's images or labels: each must be pinned
+        if "dtype" in kwargs:  # a batch buffer's images or labels
             pinned.append(kwargs.pop("pin_memory", False))
         return empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", allocate)
+    return stream, pinned
+
+
+@pytest.mark.parametrize("pin_memory, pinned", [(None, True), (True, True), (False, False)])
+def test_with_cuda_batches_are_pinned_unless_pin_memory_is_false(store_path, monkeypatch, pin_memory, pinned):
+    stream, allocations = simulate_cuda(monkeypatch)
+    ds = FastLoadDataset(store_path, 4, pin_memory=pin_memory)
+    assert ds.pin_memory is pinned
+    for _ in ds:
+        stream.run()
+    assert allocations and set(allocations) == {pinned}
+
+
+def test_a_workers_batches_are_made_in_shared_memory_and_never_pinned(store_path, monkeypatch):
+    """In a DataLoader worker each batch is made in shared memory, which the DataLoader sends to
+    the main process as it is (no copy), and is not pinned, even where the main process's
+    batches are: pinning would start CUDA in a forked worker. Simulated: worker 0 of 1, in this
+    process, on a machine with CUDA."""
+    _, pinned = simulate_cuda(monkeypatch)
+    simulate_worker(monkeypatch, 0, 1, seed=5)
+    ds = FastLoadDataset(store_path, 4)
+    assert ds.pin_memory
+    shared = [images.is_shared() and labels.is_shared() for images, labels in ds]
+    assert len(shared) == len(ds) and all(shared)
+    assert pinned and not any(pinned)
+
+
+@pytest.mark.parametrize("gpu_catches_up_every", [1, 3, None])
+def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monkeypatch, gpu_catches_up_every):
+    """With CUDA, batches land in pinned buffers and the user queues asynchronous copies
+    (`.to("cuda", non_blocking=True)`) and drops the batch at once: a buffer is refilled
+    only after the copies queued on it have run, however far the GPU lags (simulated here:
+    no GPU in CI), and buffers are still reused rather than allocated anew."""
+    stream, pinned = simulate_cuda(monkeypatch)
     store = Store(store_path)
     ds = FastLoadDataset(store, 4, prefetch=2, return_indices=True)
     assert ds.pin_memory
@@ -349,7 +380,7 @@ def test_pinned_buffers_wait_for_the_gpu_copies_queued_on_them(store_path, monke
                 stream.run()
     stream.run()
     assert stream.copied == 2 * len(ds) and stream.overwritten == []
-    assert pinned and all(pinned)
+    assert pinned and all(pinned)  # each batch buffer's images and labels
     buffers = len(pinned) // 2  # each buffer is an images and a labels tensor
     # `prefetch` ahead, the user's batch, and those whose copy is still queued: the pool
     # allocates rather than wait for a copy while fewer than COPIES_IN_FLIGHT are queued
@@ -384,6 +415,13 @@ def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path)
     ((images, labels, idx),) = list(ds)
     assert images.shape[0] == N and sorted(idx.tolist()) == list(range(N))
     assert images.untyped_storage().nbytes() == N * images[0].numel()
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_a_batch_buffer_holds_one_batch_exactly(store_path, batch_size):
+    images, labels = next(iter(FastLoadDataset(store_path, batch_size)))
+    assert images.untyped_storage().nbytes() == batch_size * images[0].numel()
+    assert labels.untyped_storage().nbytes() == batch_size * labels.element_size()
 
 
 def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():

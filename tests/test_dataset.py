@@ -7,17 +7,20 @@ test_dataset_store.py)."""
 import collections
 import copy
 import pickle
+import re
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from dataset_helpers import N, epoch
+from dataset_helpers import N, epoch, simulate_worker, write_store
 from torch.utils.data import DataLoader
 
 import fastload
+import fastload.dataset.dataset
 import fastload.device
 from fastload import FastLoadDataset, Store
+from fastload.dataset.plan import epoch_order
 
 SUBSETS = [None, [50, 3, 7, 8, 9, 10, 11, 30, 31, 32, 40, 1, 2]]
 
@@ -54,6 +57,30 @@ def test_shuffle_false_is_sequential(store_path):
         FastLoadDataset(store_path, 10, shuffle=False, order="block")
 
 
+def test_the_defaults_are_a_random_order_of_seed_0_two_batches_ahead_in_8_mib_blocks(store_path):
+    """What the store and a batch size alone give: the signature's defaults, seen in the batches."""
+    ds = FastLoadDataset(store_path, 4, return_indices=True)
+    assert (ds.order, ds.seed, ds.prefetch, ds.window, ds.drop_last) == ("random", 0, 2, 8, False)
+    assert ds.pin_memory == torch.cuda.is_available()
+    assert epoch(ds) == epoch(FastLoadDataset(store_path, 4, order="random", seed=0, return_indices=True))
+    # a block holds 8 MiB of records, rounded up: here 36 bytes a record
+    blocks = FastLoadDataset(store_path, 4, order="block", return_indices=True)
+    assert type(blocks.block_size) is int and blocks.block_size == -(-(8 << 20) // 36) == 233017
+    explicit = FastLoadDataset(store_path, 4, order="block", block_size=233017, return_indices=True)
+    assert epoch(blocks) == epoch(explicit)
+
+
+def test_a_block_size_given_makes_the_blocks(store_path):
+    ds = FastLoadDataset(store_path, 4, order="block", block_size=3, window=2, seed=1, return_indices=True)
+    assert ds.block_size == 3
+    assert sum(epoch(ds), []) == epoch_order(np.arange(N), "block", 1, 0, 3, 2).tolist()
+
+
+def test_a_record_larger_than_a_block_is_a_block_of_its_own(tmp_path):
+    path = write_store(tmp_path / "big.bin", 2, shape=(1024, 2731, 3))  # 8 MiB + 1 KiB a record
+    assert FastLoadDataset(path, 1, order="block").block_size == 1
+
+
 @pytest.mark.parametrize("order", ["random", "block"])
 def test_workers_do_not_change_the_order(store_path, order):
     ds = FastLoadDataset(store_path, 4, order=order, block_size=5, return_indices=True)
@@ -70,8 +97,9 @@ def test_workers_do_not_change_the_order(store_path, order):
 def test_workers_advance_the_epoch_without_set_epoch(store_path):
     reference = FastLoadDataset(store_path, 4, return_indices=True)
     expected = [epoch(reference) for _ in range(3)]
-    fresh = FastLoadDataset(store_path, 4, return_indices=True)
-    assert [epoch(fresh, 2) for _ in range(2)] == expected[:2]  # new workers every epoch
+    for workers in (1, 2):  # new workers every epoch; worker 0 alone advances the epoch
+        fresh = FastLoadDataset(store_path, 4, return_indices=True)
+        assert [epoch(fresh, workers) for _ in range(2)] == expected[:2], workers
     persistent = FastLoadDataset(store_path, 4, return_indices=True)
     loader = DataLoader(persistent, batch_size=None, num_workers=2, persistent_workers=True)
     assert [[b[2].tolist() for b in loader] for _ in range(3)] == expected
@@ -221,6 +249,24 @@ def test_a_loaded_state_is_reported_back_until_set_epoch_starts_over(store_path)
     assert len(epoch(ds)) == len(ds)
 
 
+def test_a_worker_that_finished_its_share_reports_it_and_resumes_with_nothing_left(store_path, monkeypatch):
+    """Inside a DataLoader worker the state is that worker's progress through its share (what
+    StatefulDataLoader saves per worker), also once the share is done: restored from it, the
+    worker has nothing left of that epoch, and its next iteration is its share of the next
+    epoch, not the same share again. Worker 1 of 2, simulated in this process."""
+    simulate_worker(monkeypatch, 1, 2, seed=11)
+    ds = FastLoadDataset(store_path, 4, seed=3, return_indices=True)
+    share = epoch(ds)
+    assert len(share) == len(ds) // 2
+    state = ds.state_dict()
+    assert state == {"seed": 3, "epoch": 0, "position": len(ds)}
+    restored = FastLoadDataset(store_path, 4, return_indices=True)
+    restored.load_state_dict(state)
+    next_share = FastLoadDataset(store_path, 4, seed=3, return_indices=True)
+    next_share.set_epoch(1)
+    assert [epoch(restored), epoch(restored)] == [[], epoch(next_share)]
+
+
 def test_a_copy_pickled_mid_epoch_starts_with_the_next_epoch_and_no_buffers(store_path):
     """What a spawned DataLoader worker gets of a dataset the main process is iterating: the
     store path and the epoch counter, not the batch buffers or the iteration under way."""
@@ -236,31 +282,52 @@ def test_a_copy_pickled_mid_epoch_starts_with_the_next_epoch_and_no_buffers(stor
     assert epoch(clone) == epoch(reference)
 
 
+def integer_error(name, minimum, value):
+    """positive_int's message for `name`, whole: the argument's own name, not another's."""
+    return f"^{name} must be an integer >= {minimum}, not {re.escape(repr(value))}$"
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, not 0"),
-        ({"batch_size": 2.5}, ValueError, "batch_size"),
-        ({"order": "shuffled"}, ValueError, "order must be one of random, sequential, block, not 'shuffled'"),
-        ({"indices": [0, N]}, IndexError, f"indices out of range .*{N} records.*\\[{N}\\]"),
+        ({"store": 123}, TypeError, "^store must be a str or os.PathLike, not int$"),
+        ({"batch_size": 0}, ValueError, integer_error("batch_size", 1, 0)),
+        ({"batch_size": 2.5}, ValueError, integer_error("batch_size", 1, 2.5)),
+        (
+            {"order": "shuffled"},
+            ValueError,
+            "^order must be one of random, sequential, block, not 'shuffled'$",
+        ),
+        ({"indices": [0, N]}, IndexError, f"^indices out of range for .* \\({N} records\\): \\[{N}\\]$"),
         ({"indices": [-1]}, IndexError, "out of range"),
+        # the first five bad ones are named
+        (
+            {"indices": list(range(N - 1, N + 7))},
+            IndexError,
+            f"records\\): \\[{', '.join(map(str, range(N, N + 5)))}\\]$",
+        ),
         ({"indices": [0.5]}, TypeError, "integers"),
-        ({"rank": 2, "world_size": 2}, ValueError, "rank must be < world_size"),
-        ({"rank": -1, "world_size": 2}, ValueError, "rank"),
-        ({"prefetch": 0}, ValueError, "prefetch"),
-        ({"window": 0}, ValueError, "window"),
-        ({"seed": -3}, ValueError, "seed"),
+        (
+            {"rank": 2, "world_size": 2},
+            ValueError,
+            "^rank must be < world_size, not rank=2 with world_size=2$",
+        ),
+        ({"rank": -1, "world_size": 2}, ValueError, integer_error("rank", 0, -1)),
+        ({"rank": 0, "world_size": 0}, ValueError, integer_error("world_size", 1, 0)),
+        ({"prefetch": 0}, ValueError, integer_error("prefetch", 1, 0)),
+        ({"window": 0}, ValueError, integer_error("window", 1, 0)),
+        ({"block_size": 0}, ValueError, integer_error("block_size", 1, 0)),
+        ({"seed": -3}, ValueError, integer_error("seed", 0, -3)),
     ],
 )
 def test_bad_arguments(store_path, kwargs, error, match):
-    args = {"batch_size": 4, **kwargs}
     with pytest.raises(error, match=match):
-        FastLoadDataset(store_path, **args)
+        FastLoadDataset(**{"store": store_path, "batch_size": 4, **kwargs})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
 def test_pin_memory_needs_cuda(store_path):
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="^pin_memory=True needs CUDA, which is not available$"):
         FastLoadDataset(store_path, 4, pin_memory=True)
 
 
@@ -273,12 +340,17 @@ def test_a_dataloader_that_batches_the_batches_again_is_warned_about(tmp_path):
         "^FastLoadDataset yields whole batches, and this DataLoader batches them again into 5-D "
         "tensors: pass batch_size=None, as in DataLoader\\(ds, batch_size=None\\)$"
     )
-    with pytest.warns(UserWarning, match=message):
+    with pytest.warns(UserWarning, match=message) as record:
         images, _ = next(iter(torch.utils.data.DataLoader(ds)))
     assert images.dim() == 5  # what the warning is about
+    # attributed to fastload, not to torch: a filter on torch's warnings leaves it alone
+    assert [w.filename for w in record] == [fastload.dataset.dataset.__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         images, _ = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
         assert images.shape == (4, 2, 2, 3)
         for images, _ in ds:
+            assert images.dim() == 4
+        # iterated by an object whose `dataset` is ds, but that is no DataLoader's fetcher
+        for images, _ in fastload.device.DeviceLoader(ds, "cpu"):
             assert images.dim() == 4

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from dataset_helpers import N as RECORDS
 from dataset_helpers import epoch
 
@@ -70,6 +71,21 @@ def test_equal_batch_counts_and_ddp_training_completes(reports):
     assert len({len(r["batches drop_last=False"]) for r in reports}) == 1
     assert reports[0]["steps"] == reports[1]["steps"] == 2 * reports[0]["len drop_last=False"]
     assert reports[0]["weights"] == reports[1]["weights"]  # gradients were all-reduced every step
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without torch.distributed")
+def test_rank_and_world_size_come_from_an_initialized_process_group_unless_given(store_path, monkeypatch):
+    """Rank 2 of a group of 3, simulated in this process (the torchrun tests above run a real
+    group of 2, in subprocesses)."""
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 2)
+    ds = FastLoadDataset(store_path, 4, return_indices=True)
+    assert (ds.rank, ds.world_size) == (2, 3)
+    assert epoch(ds) == epoch(FastLoadDataset(store_path, 4, rank=2, world_size=3, return_indices=True))
+    given = FastLoadDataset(store_path, 4, rank=0, world_size=1)
+    assert (given.rank, given.world_size) == (0, 1)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 7])
