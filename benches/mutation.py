@@ -53,6 +53,7 @@ MODULES = {
         "tests/test_plan.py",
         "tests/test_bad_input.py",
         "tests/test_buffers.py",
+        "tests/test_device.py",  # DeviceLoader iterates a FastLoadDataset
     ],
     "dataset/buffers.py": ["tests/test_buffers.py", "tests/test_prefetch.py", "tests/test_dataset.py"],
     "dataset/prefetch.py": ["tests/test_prefetch.py", "tests/test_buffers.py", "tests/test_dataset.py"],
