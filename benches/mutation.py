@@ -3,7 +3,7 @@
 `mutmut` (PyPI, 3.x) mutates the Python modules, one module at a time, each against its own
 focused test files (MODULES below): mutmut runs, for every mutant, the tests among those that
 call the mutated function. `cargo-mutants` (crates.io) mutates the Rust files, one file at a
-time, against the Rust unit tests that reach them (`cargo test --lib`, RUST_TESTS below; the
+time, against the Rust unit tests that reach them (`cargo test --lib`, RUST_TESTS below, per file; the
 Python tests, which reach the Rust code through the extension, are not run there: that would
 take a rebuild of the extension per mutant). Prints each module's kill rate and writes them, with every surviving mutant, to
 WORK/summary.json. Hours of CPU for the whole list, hence not in the per-commit CI: run it
@@ -86,16 +86,28 @@ MODULES = {
     "monotonic/linear.py": ["tests/test_monotonic_linear.py", "tests/test_monotonic_constraints.py"],
     "monotonic/lattice.py": ["tests/test_monotonic_lattice.py", "tests/test_monotonic_constraints.py"],
 }
-RUST_FILES = [
-    "rust/format.rs",
-    "rust/gather.rs",
-    "rust/prefetch.rs",
-    "rust/writer.rs",
-    "rust/direct_write.rs",
-    "rust/store.rs",
+# Each Rust file and the Rust unit tests that reach it. The slow property tests (`format::`,
+# `fuzz_tests::`: seconds per run) go only where they test the file; every test module builds its
+# stores with the writer, so the writer's mutants are seen by all the quick ones.
+ALL_RUST_TESTS = [
+    "format::",
+    "fuzz_tests::",
+    "gather::",
+    "prefetch::",
+    "store::",
+    "writer::",
+    "direct_write::",
 ]
-# The Rust unit tests that reach those files (pack's, augment's and recycle's reach none of them).
-RUST_TESTS = ["format::", "fuzz_tests::", "gather::", "prefetch::", "store::", "writer::", "direct_write::"]
+QUICK_WRITER_TESTS = ["writer::", "direct_write::", "store::", "gather::", "prefetch::"]
+RUST_TESTS = {
+    "rust/format.rs": ALL_RUST_TESTS,
+    "rust/gather.rs": ALL_RUST_TESTS,
+    "rust/prefetch.rs": ["prefetch::", "gather::", "store::"],
+    "rust/writer.rs": QUICK_WRITER_TESTS,
+    "rust/direct_write.rs": QUICK_WRITER_TESTS,
+    "rust/store.rs": ALL_RUST_TESTS,
+}
+RUST_FILES = list(RUST_TESTS)
 
 # mutmut's statuses that mean the tests noticed the mutant (a timeout or a crash is noticed too).
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -148,7 +160,7 @@ def run_cargo_mutants(path: str, work: Path, jobs: int) -> dict:
     with open(log, "w") as out:
         subprocess.run(
             ["cargo", "mutants", "--file", path, "--output", str(output), "--jobs", str(jobs)]
-            + ["--no-shuffle", "--", "--lib", "--", *RUST_TESTS],
+            + ["--no-shuffle", "--", "--lib", "--", *RUST_TESTS[path]],
             cwd=ROOT,
             env=env,
             stdout=out,
