@@ -119,6 +119,25 @@ struct Shared {
 }
 
 impl Shared {
+    /// The state of a pass that has gathered nothing yet (`done` at once for no batches).
+    fn new(done: bool) -> Shared {
+        Shared {
+            state: Mutex::new(State {
+                slots: Vec::new(),
+                free: VecDeque::new(),
+                ready: VecDeque::new(),
+                started: 0,
+                taken: 0,
+                waited: false,
+                done,
+                stop: false,
+            }),
+            freed: Condvar::new(),
+            filled: Condvar::new(),
+            started: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere cannot leave the state inconsistent: every update is one step.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -151,21 +170,7 @@ pub struct Prefetcher {
 impl Prefetcher {
     /// Starts the threads; nothing is gathered until a slot is added.
     pub fn start(store: Store, batches: Batches) -> Prefetcher {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                slots: Vec::new(),
-                free: VecDeque::new(),
-                ready: VecDeque::new(),
-                started: 0,
-                taken: 0,
-                waited: false,
-                done: batches.is_empty(),
-                stop: false,
-            }),
-            freed: Condvar::new(),
-            filled: Condvar::new(),
-            started: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new(batches.is_empty()));
         let (capacity, total) = (batches.max_len(), batches.len());
         let batches = Arc::new(batches);
         let mut threads = Vec::new();
@@ -174,7 +179,13 @@ impl Prefetcher {
             threads.push(spawn("fastload-prefetch", move || gather_loop(&s, &st, &b)));
             let (s, b) = (shared.clone(), batches.clone());
             threads.push(spawn("fastload-readahead", move || {
-                hint_loop(&s, &store, &b)
+                let majors = pagecache::major_faults();
+                hint_loop(
+                    &s,
+                    b.len(),
+                    || pagecache::major_faults() != majors,
+                    |j| store.will_need(b.get(j)),
+                )
             }));
         }
         Prefetcher {
@@ -369,12 +380,19 @@ fn gather_loop(shared: &Shared, store: &Store, batches: &Batches) {
     }
 }
 
-fn hint_loop(shared: &Shared, store: &Store, batches: &Batches) {
-    let majors = pagecache::major_faults();
-    let mut faulted = false;
-    for j in 0..batches.len() {
+/// The read-ahead thread's pass over `count` batches: `hint(j)` for batch j while batch j - 1
+/// is gathered (batch 0 at once), never for a batch whose gather has begun, and after the
+/// first two only once `faulted()` has said the process read from the disk since the pass
+/// began (asked once per batch until it says so).
+fn hint_loop(
+    shared: &Shared,
+    count: usize,
+    mut faulted: impl FnMut() -> bool,
+    mut hint: impl FnMut(usize),
+) {
+    let mut from_disk = false;
+    for j in 0..count {
         let mut state = shared.lock();
-        // Batch j is hinted while batch j - 1 is gathered (batch 0 at once).
         while !state.stop && !state.done && state.started < j {
             state = shared.wait(&shared.started, state);
         }
@@ -385,9 +403,9 @@ fn hint_loop(shared: &Shared, store: &Store, batches: &Batches) {
             continue; // its gather has begun: too late to help
         }
         drop(state);
-        faulted = faulted || pagecache::major_faults() != majors;
-        if j < 2 || faulted {
-            store.will_need(batches.get(j));
+        from_disk = from_disk || faulted();
+        if j < 2 || from_disk {
+            hint(j);
         }
     }
 }
@@ -457,7 +475,9 @@ mod tests {
         let mut buffers = Buffers::new(2, 4);
         let batches = batches(&store, &order, &[4, 4, 3]);
         let prefetcher = Prefetcher::start(store, batches);
+        assert_eq!((prefetcher.in_flight(), prefetcher.remaining()), (0, 3));
         buffers.add_all(&prefetcher);
+        assert_eq!(prefetcher.in_flight(), 2);
         let mut seen = Vec::new();
         while let Some(filled) = prefetcher.next(WAIT).unwrap() {
             seen.extend(buffers.records(&filled));
@@ -466,6 +486,8 @@ mod tests {
                 i64::from_le_bytes(labels[..8].try_into().unwrap()) as u8,
                 seen[seen.len() - filled.len]
             );
+            assert_eq!(prefetcher.in_flight(), 1, "the caller holds one slot");
+            assert_eq!(prefetcher.remaining(), 3 - filled.batch - 1);
             prefetcher.release(filled.slot).unwrap();
         }
         assert_eq!(seen, vec![3, 9, 0, 1, 7, 7, 9, 2, 5, 4, 6]);
@@ -543,9 +565,134 @@ mod tests {
         let prefetcher = Prefetcher::start(store.clone(), batches(&store, &order, &[1; 6]));
         buffers.add_all(&prefetcher);
         assert!(prefetcher.next(WAIT).unwrap().is_some());
+        let shared = prefetcher.shared.clone();
         let started = std::time::Instant::now();
         drop(prefetcher);
         assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            Arc::strong_count(&shared),
+            1,
+            "a prefetch thread outlived its prefetcher"
+        );
+    }
+
+    #[test]
+    fn a_batch_gathered_before_it_is_asked_for_kept_no_one_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 4);
+        let mut buffers = Buffers::new(2, 2);
+        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &[0, 1, 2, 3], &[2, 2]));
+        buffers.add_all(&prefetcher);
+        let deadline = std::time::Instant::now() + WAIT;
+        while prefetcher.shared.lock().ready.len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "nothing was gathered");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for batch in 0..2 {
+            let filled = prefetcher.next(WAIT).unwrap().unwrap();
+            assert_eq!((filled.batch, filled.waited), (batch, false));
+        }
+    }
+
+    #[test]
+    fn read_ahead_hints_the_first_two_batches_then_only_after_a_read_from_disk() {
+        // The gather's progress is moved from inside the calls, so every step is fixed.
+        let shared = Shared::new(false);
+        let gather_begins = |j| shared.lock().started = j;
+        let mut asked = 0;
+        let mut hinted = Vec::new();
+        hint_loop(
+            &shared,
+            6,
+            || {
+                asked += 1;
+                match asked {
+                    3 => gather_begins(4), // batch 2, not hinted; batch 3's gather begins
+                    4 => {
+                        gather_begins(5); // batch 4, after the pass's first read from disk
+                        return true;
+                    }
+                    _ => {}
+                }
+                false
+            },
+            |j| {
+                hinted.push(j);
+                match j {
+                    0 => gather_begins(1),
+                    1 => gather_begins(2),
+                    _ => {}
+                }
+            },
+        );
+        assert_eq!(hinted, vec![0, 1, 4, 5]);
+        assert_eq!(
+            asked, 4,
+            "asked about batches 0, 1, 2 and 4: not 3 (too late), not 5"
+        );
+    }
+
+    #[test]
+    fn read_ahead_waits_until_the_gather_reaches_the_batch_before() {
+        let shared = Arc::new(Shared::new(false));
+        let (hints, hinted_rx) = std::sync::mpsc::channel();
+        let gather = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                for j in 1..=2 {
+                    hinted_rx.recv().unwrap(); // batch j - 1 is hinted
+                    std::thread::sleep(Duration::from_millis(20)); // time to run ahead, if it would
+                    shared.lock().started = j;
+                    shared.started.notify_all();
+                }
+            })
+        };
+        let mut hinted = Vec::new();
+        hint_loop(
+            &shared,
+            3,
+            || true,
+            |j| {
+                hinted.push((j, shared.lock().started));
+                let _ = hints.send(j);
+            },
+        );
+        gather.join().unwrap();
+        assert_eq!(hinted, vec![(0, 0), (1, 1), (2, 2)]);
+    }
+
+    #[test]
+    fn read_ahead_ends_when_the_pass_stops_or_its_gather_ends() {
+        for (stop, done) in [(true, false), (false, true)] {
+            let shared = Shared::new(done);
+            shared.lock().stop = stop;
+            let mut hinted = Vec::new();
+            hint_loop(&shared, 3, || true, |j| hinted.push(j));
+            assert_eq!(hinted, Vec::<usize>::new(), "stop {stop}, done {done}");
+        }
+        // Stopped while it waits to hint batch 1.
+        let shared = Arc::new(Shared::new(false));
+        let (hints, hinted_rx) = std::sync::mpsc::channel();
+        let stopper = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                hinted_rx.recv().unwrap();
+                shared.lock().stop = true;
+                shared.wake_all();
+            })
+        };
+        let mut hinted = Vec::new();
+        hint_loop(
+            &shared,
+            3,
+            || true,
+            |j| {
+                hinted.push(j);
+                let _ = hints.send(j);
+            },
+        );
+        stopper.join().unwrap();
+        assert_eq!(hinted, vec![0]);
     }
 
     #[test]
