@@ -579,9 +579,11 @@ mod tests {
     #[test]
     fn a_batch_gathered_before_it_is_asked_for_kept_no_one_waiting() {
         let dir = tempfile::tempdir().unwrap();
-        let store = make_store(dir.path(), 4);
+        let store = make_store(dir.path(), 6);
         let mut buffers = Buffers::new(2, 2);
-        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &[0, 1, 2, 3], &[2, 2]));
+        // Three batches for two slots: with both filled, the gather waits for a slot (not done).
+        let order = [0, 1, 2, 3, 4, 5];
+        let prefetcher = Prefetcher::start(store.clone(), batches(&store, &order, &[2, 2, 2]));
         buffers.add_all(&prefetcher);
         let deadline = std::time::Instant::now() + WAIT;
         while prefetcher.shared.lock().ready.len() < 2 {

@@ -742,6 +742,29 @@ mod tests {
     }
 
     #[test]
+    fn temporary_names_fit_name_max_even_for_the_widest_process_id() {
+        let widest = format!("..{}.{:016x}{PARTIAL_SUFFIX}", u32::MAX, u64::MAX);
+        assert_eq!(widest.len(), TEMP_NAME_EXTRA);
+        let kept = NAME_MAX - TEMP_NAME_EXTRA; // 209: the longest name kept whole
+        for name in [kept, kept + 1, NAME_MAX]
+            .map(|len| "n".repeat(len))
+            .into_iter()
+            .chain([format!("n{}", "é".repeat(127)), "é".repeat(127)])
+        {
+            let stem = temp_stem(OsStr::new(&name));
+            let stem = stem.to_str().expect("a stem cut between characters");
+            assert!(stem.len() + TEMP_NAME_EXTRA <= NAME_MAX, "{name}");
+            if name.len() <= kept {
+                assert_eq!(stem, name);
+            } else {
+                // A readable prefix of the name, then its hash.
+                assert!(stem.len() >= kept - 3 && name.starts_with(&stem[..stem.len() - 17]));
+                assert!(stem.ends_with(&format!("~{:016x}", xxh3_64(name.as_bytes()))));
+            }
+        }
+    }
+
+    #[test]
     fn a_dangling_link_is_refused_and_a_link_to_a_store_is_replaced_through() {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("link.bin");
