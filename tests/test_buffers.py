@@ -5,6 +5,7 @@ memory the user moved (shared memory, a torch.multiprocessing queue) is never wr
 import ctypes
 import functools
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -417,16 +418,32 @@ def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path)
     assert images.untyped_storage().nbytes() == N * images[0].numel()
 
 
-@pytest.mark.parametrize("batch_size", [1, 4])
-def test_a_batch_buffer_holds_one_batch_exactly(store_path, batch_size):
+@pytest.mark.parametrize("in_worker", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 4, 8])
+def test_a_batch_buffer_holds_one_batch_exactly(store_path, monkeypatch, batch_size, in_worker):
+    """In the main process and in a DataLoader worker (simulated: worker 0 of 1), whose batches
+    are made in shared memory: no byte more than the batch, whatever the batch size."""
+    if in_worker:
+        simulate_worker(monkeypatch, 0, 1, seed=5)
     images, labels = next(iter(FastLoadDataset(store_path, batch_size)))
+    assert images.is_shared() is labels.is_shared() is in_worker
     assert images.untyped_storage().nbytes() == batch_size * images[0].numel()
     assert labels.untyped_storage().nbytes() == batch_size * labels.element_size()
 
 
-def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
-    pool = BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
+@pytest.mark.parametrize(
+    "batch_size, shape, size",
+    [
+        (2**50, (64, 64, 3), "1125899906842624 images (1.38e+10 GB)"),
+        # 9235000005 GB: just above where 3 digits round up, so the figure is 9.24e+09, not 9.23e+09
+        (9_235_000_005, (1000, 1000, 1000), "9235000005 images (9.24e+09 GB)"),
+    ],
+)
+def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error(batch_size, shape, size):
+    """torch refuses the allocation (its size overflows): the error names the batch buffer's
+    size, in GB to 3 significant digits, and the way out."""
+    pool = BufferPool(batch_size, shape, np.dtype(np.int64), pin=False, worker=False)
     with pytest.raises(
-        MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"
+        MemoryError, match=rf"^cannot allocate a batch buffer of {re.escape(size)}: use a smaller batch_size"
     ):
         pool.take()
