@@ -263,6 +263,42 @@ def test_a_moved_batch_does_not_hold_back_the_buffers_freed_with_it(monkeypatch,
     assert pool.take() is kept
 
 
+HELD_AT_EXIT = """
+import atexit
+import sys
+
+
+def after_the_finalizers():
+    rest = [labels.tolist() for _, labels in batches]
+    print(len(rest), held.reshape(len(held), -1)[:, 0].tolist() == expected)
+
+
+# registered before torch's import, which registers weakref.finalize's own exit hook: atexit
+# runs the hooks last registered first, so this one runs after the finalizers called at exit
+atexit.register(after_the_finalizers)
+
+from fastload import FastLoadDataset
+
+batches = iter(FastLoadDataset(sys.argv[1], 3, shuffle=False, prefetch=2, pin_memory=False))
+held, labels = next(batches)
+expected = labels.tolist()
+del labels
+"""
+
+
+def test_a_batch_held_at_exit_is_not_taken_back_by_the_exit_hooks(marked_store, tmp_path):
+    """A batch is given back when it dies, not when the interpreter exits while it is still
+    held: code that runs at exit after weakref's finalizers (here an atexit hook registered
+    before torch's import, which iterates the rest of the epoch) still reads its records."""
+    script = tmp_path / "held_at_exit.py"
+    script.write_text(HELD_AT_EXIT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(marked_store)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(RECORDS // 3 - 1), "True"], done.stdout
+
+
 def test_worker_batches_stay_valid_when_held(store_path):
     store = Store(store_path)
     ds = FastLoadDataset(store, 4, return_indices=True)
