@@ -5,6 +5,7 @@ memory the user moved (shared memory, a torch.multiprocessing queue) is never wr
 import ctypes
 import functools
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -262,6 +263,42 @@ def test_a_moved_batch_does_not_hold_back_the_buffers_freed_with_it(monkeypatch,
     assert pool.take() is kept
 
 
+HELD_AT_EXIT = """
+import atexit
+import sys
+
+
+def after_the_finalizers():
+    rest = [labels.tolist() for _, labels in batches]
+    print(len(rest), held.reshape(len(held), -1)[:, 0].tolist() == expected)
+
+
+# registered before torch's import, which registers weakref.finalize's own exit hook: atexit
+# runs the hooks last registered first, so this one runs after the finalizers called at exit
+atexit.register(after_the_finalizers)
+
+from fastload import FastLoadDataset
+
+batches = iter(FastLoadDataset(sys.argv[1], 3, shuffle=False, prefetch=2, pin_memory=False))
+held, labels = next(batches)
+expected = labels.tolist()
+del labels
+"""
+
+
+def test_a_batch_held_at_exit_is_not_taken_back_by_the_exit_hooks(marked_store, tmp_path):
+    """A batch is given back when it dies, not when the interpreter exits while it is still
+    held: code that runs at exit after weakref's finalizers (here an atexit hook registered
+    before torch's import, which iterates the rest of the epoch) still reads its records."""
+    script = tmp_path / "held_at_exit.py"
+    script.write_text(HELD_AT_EXIT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(marked_store)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(RECORDS // 3 - 1), "True"], done.stdout
+
+
 def test_worker_batches_stay_valid_when_held(store_path):
     store = Store(store_path)
     ds = FastLoadDataset(store, 4, return_indices=True)
@@ -417,16 +454,32 @@ def test_a_batch_size_beyond_the_store_allocates_only_what_it_yields(store_path)
     assert images.untyped_storage().nbytes() == N * images[0].numel()
 
 
-@pytest.mark.parametrize("batch_size", [1, 4])
-def test_a_batch_buffer_holds_one_batch_exactly(store_path, batch_size):
+@pytest.mark.parametrize("in_worker", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 4, 8])
+def test_a_batch_buffer_holds_one_batch_exactly(store_path, monkeypatch, batch_size, in_worker):
+    """In the main process and in a DataLoader worker (simulated: worker 0 of 1), whose batches
+    are made in shared memory: no byte more than the batch, whatever the batch size."""
+    if in_worker:
+        simulate_worker(monkeypatch, 0, 1, seed=5)
     images, labels = next(iter(FastLoadDataset(store_path, batch_size)))
+    assert images.is_shared() is labels.is_shared() is in_worker
     assert images.untyped_storage().nbytes() == batch_size * images[0].numel()
     assert labels.untyped_storage().nbytes() == batch_size * labels.element_size()
 
 
-def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error():
-    pool = BufferPool(2**50, (64, 64, 3), np.dtype(np.int64), pin=False, worker=False)
+@pytest.mark.parametrize(
+    "batch_size, shape, size",
+    [
+        (2**50, (64, 64, 3), "1125899906842624 images (1.38e+10 GB)"),
+        # 9235000005 GB: just above where 3 digits round up, so the figure is 9.24e+09, not 9.23e+09
+        (9_235_000_005, (1000, 1000, 1000), "9235000005 images (9.24e+09 GB)"),
+    ],
+)
+def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error(batch_size, shape, size):
+    """torch refuses the allocation (its size overflows): the error names the batch buffer's
+    size, in GB to 3 significant digits, and the way out."""
+    pool = BufferPool(batch_size, shape, np.dtype(np.int64), pin=False, worker=False)
     with pytest.raises(
-        MemoryError, match=r"batch buffer of 1125899906842624 images \(1.38e\+10 GB\).*smaller batch_size"
+        MemoryError, match=rf"^cannot allocate a batch buffer of {re.escape(size)}: use a smaller batch_size"
     ):
         pool.take()
