@@ -646,6 +646,7 @@ mod tests {
             "unrelated.txt",
             ".a.bin.old.5.fastload-partial",
             ".a.bin.5.notahexnumber!!.fastload-partial",
+            ".a.bin.x5.0123456789abcdef.fastload-partial",
             ".b.bin.5.fastload-partial",
         ];
         for name in keep {
@@ -656,6 +657,68 @@ mod tests {
         want.push("a.bin".into());
         want.sort();
         assert_eq!(dir_entries(dir.path()), want);
+    }
+
+    #[test]
+    fn a_named_pipe_named_like_a_partial_is_cleaned_up_without_blocking() {
+        // Opening a FIFO for reading blocks until a writer comes, unless O_NONBLOCK.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let fifo = temp_path(&path);
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        remove_stale_partials(&path);
+        assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_path_names_its_file_until_another_file_is_moved_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, other) = (dir.path().join("a"), dir.path().join("b"));
+        let file = File::create(&path).unwrap();
+        assert!(still_names(&path, &file));
+        std::fs::write(&other, b"other").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(!still_names(&path, &file));
+        std::fs::remove_file(&path).unwrap();
+        assert!(!still_names(&path, &file));
+    }
+
+    #[test]
+    fn errors_other_than_a_missing_file_are_reported_as_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        // A missing folder: no new name would help, so no retries and the system's reason.
+        let dest = dir.path().join("missing").join("a.bin");
+        let message = create_locked_temp(&dest, &dest).unwrap_err().to_string();
+        assert!(message.contains("No such file or directory"), "{message}");
+        assert!(message.contains(&dest.display().to_string()), "{message}");
+        // A path under a regular file is an error, not "nothing there".
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let under_a_file = dir.path().join("file").join("a.bin");
+        assert!(check_replaceable(&under_a_file, &under_a_file).is_err());
+        assert!(
+            check_replaceable(&dir.path().join("new.bin"), &dir.path().join("new.bin"))
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_writer_counts_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = StoreWriter::create(
+            dir.path().join("a.bin"),
+            (2, 3, 1),
+            LabelDtype::Int64,
+            false,
+        )
+        .unwrap();
+        assert_eq!((w.len(), w.is_empty(), w.image_len()), (0, true, 6));
+        w.append_many(&[7u8; 12], &[0u8; 16]).unwrap();
+        assert_eq!((w.len(), w.is_empty()), (2, false));
+        w.append(&[1u8; 6], [0u8; 8]).unwrap();
+        assert_eq!(w.len(), 3);
     }
 
     /// Two writers in one process have the same PID, exactly like two containers' PID 1.
