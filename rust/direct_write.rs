@@ -74,7 +74,7 @@ impl DirectWriter {
 
     /// Turns O_DIRECT on or off for the file; returns whether it is on afterwards.
     #[cfg(target_os = "linux")]
-    fn set_direct(&mut self, on: bool) -> bool {
+    pub(crate) fn set_direct(&mut self, on: bool) -> bool {
         let fd = self.file.as_raw_fd();
         // SAFETY: F_GETFL and F_SETFL on a descriptor this writer owns; no memory is passed.
         unsafe {
@@ -94,7 +94,7 @@ impl DirectWriter {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn set_direct(&mut self, _on: bool) -> bool {
+    pub(crate) fn set_direct(&mut self, _on: bool) -> bool {
         false
     }
 

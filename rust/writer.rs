@@ -623,6 +623,79 @@ mod tests {
     }
 
     #[test]
+    fn a_file_created_at_the_destination_meanwhile_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let mut w = StoreWriter::create(&path, (2, 3, 1), LabelDtype::Int64, false).unwrap();
+        w.append(&[1u8; 6], [0u8; 8]).unwrap();
+        std::fs::write(&path, b"theirs").unwrap();
+        let message = w.commit("{}").unwrap_err().to_string();
+        assert!(
+            message.contains("already exists (pass overwrite to replace it)"),
+            "{message}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"theirs");
+        assert_eq!(dir_entries(dir.path()), vec!["a.bin"]);
+    }
+
+    #[test]
+    fn metadata_of_the_limit_is_written_and_one_byte_more_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = |len: u64| format!(r#"{{"k":"{}"}}"#, "m".repeat(len as usize - 8));
+        let path = dir.path().join("a.bin");
+        let mut w = StoreWriter::create(&path, (1, 1, 1), LabelDtype::Int64, false).unwrap();
+        w.append(&[1u8], [0u8; 8]).unwrap();
+        w.commit(&meta(MAX_META_LEN)).unwrap();
+        assert_eq!(
+            Store::open(&path).unwrap().meta_json().len() as u64,
+            MAX_META_LEN
+        );
+        let w = StoreWriter::create(
+            dir.path().join("b.bin"),
+            (1, 1, 1),
+            LabelDtype::Int64,
+            false,
+        )
+        .unwrap();
+        let message = w.commit(&meta(MAX_META_LEN + 1)).unwrap_err().to_string();
+        assert!(
+            message.contains("bytes of metadata exceed the"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn buffered_records_are_sent_to_disk_every_16_mib_and_direct_ones_need_not_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunk = vec![5u8; 5 * 256 * 256 * 3]; // 5 records of 192 KiB
+        for direct in [false, true] {
+            let path = dir.path().join(format!("{direct}.bin"));
+            let mut w =
+                StoreWriter::create(&path, (256, 256, 3), LabelDtype::Int64, false).unwrap();
+            let direct = direct && w.out.as_ref().unwrap().is_direct();
+            if !direct {
+                w.out.as_mut().unwrap().set_direct(false);
+            }
+            for _ in 0..20 {
+                w.append_many(&chunk, &[0u8; 40]).unwrap();
+                let out = w.out.as_ref().unwrap();
+                let handed =
+                    (HEADER_SIZE + w.len() as usize * 256 * 256 * 3 - out.buffered()) as u64;
+                if direct || handed < WRITEBACK_BYTES {
+                    assert_eq!(
+                        w.writeback_started, 0,
+                        "{handed} bytes handed, direct {direct}"
+                    );
+                } else {
+                    assert!(w.writeback_started <= handed, "{handed}");
+                    assert!(handed - w.writeback_started < WRITEBACK_BYTES, "{handed}");
+                }
+            }
+            w.commit("{}").unwrap();
+        }
+    }
+
+    #[test]
     fn dropped_writer_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");
