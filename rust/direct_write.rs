@@ -64,8 +64,12 @@ impl DirectWriter {
         &self.file
     }
 
-    /// Writes what is buffered (buffered I/O: it need not be aligned) and returns the file.
+    /// Writes what is buffered (a full block directly, a partial one buffered: it need not
+    /// be aligned) and returns the file.
     pub fn into_inner(mut self) -> io::Result<File> {
+        if self.filled == self.capacity {
+            self.write_buffer()?;
+        }
         self.set_direct(false);
         self.write_buffer()?;
         let DirectWriter { file, .. } = self;
@@ -135,14 +139,16 @@ impl DirectWriter {
 }
 
 impl Write for DirectWriter {
+    /// Takes what fits in the buffer, writing a full buffer out first: an error then takes
+    /// none of `data`, so a caller that retries writes no byte twice.
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.filled == self.capacity {
+            self.write_buffer()?;
+        }
         let n = data.len().min(self.capacity - self.filled);
         let at = self.start + self.filled;
         self.storage[at..at + n].copy_from_slice(&data[..n]);
         self.filled += n;
-        if self.filled == self.capacity {
-            self.write_buffer()?;
-        }
         Ok(n)
     }
 
@@ -157,6 +163,7 @@ impl Write for DirectWriter {
 mod tests {
     use super::*;
     use std::io::Read;
+    use std::os::fd::AsRawFd;
 
     fn written(dir: &std::path::Path, chunks: &[usize], capacity: usize) -> (Vec<u8>, Vec<u8>) {
         let path = dir.join("out.bin");
@@ -186,6 +193,79 @@ mod tests {
             let (got, expected) = written(dir.path(), &chunks, 8192);
             assert_eq!(got, expected, "chunks {chunks:?}");
         }
+    }
+
+    fn o_direct_is_set(file: &File) -> bool {
+        // SAFETY: F_GETFL on an open descriptor.
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) & libc::O_DIRECT != 0 }
+    }
+
+    #[test]
+    fn o_direct_is_on_while_blocks_go_out_and_off_for_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = DirectWriter::new(File::create(dir.path().join("a")).unwrap(), 4096);
+        if !o_direct_is_set(&w.file) {
+            assert!(!w.is_direct());
+            return; // this filesystem takes no O_DIRECT
+        }
+        assert!(w.is_direct());
+        assert!(w.set_direct(true), "asked twice, still on");
+        assert!(o_direct_is_set(&w.file));
+        assert!(!w.set_direct(false));
+        assert!(!w.is_direct() && !o_direct_is_set(&w.file));
+        assert!(w.set_direct(true) && o_direct_is_set(&w.file));
+        w.write_all(&[3u8; 5000]).unwrap();
+        assert_eq!(w.buffered(), 5000 - 4096);
+        let file = w.into_inner().unwrap();
+        assert!(!o_direct_is_set(&file));
+    }
+
+    #[test]
+    fn a_failed_write_loses_no_byte_and_takes_none_of_the_new_ones() {
+        // A non-blocking pipe takes 64 KiB and then says EAGAIN: a short write, then an error.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+        assert_eq!(
+            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) },
+            0
+        );
+        // SAFETY: two fresh descriptors, each owned by one File from here on.
+        let (mut reader, writer) = unsafe {
+            use std::os::fd::FromRawFd;
+            (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
+        };
+        let mut w = DirectWriter::new(writer, 128 << 10);
+        w.set_direct(false); // O_DIRECT on a pipe means packet mode
+        let data: Vec<u8> = (0..(128 << 10) + 1)
+            .map(|i: usize| (i * 7 + i / 256) as u8)
+            .collect();
+        w.write_all(&data[..128 << 10]).unwrap();
+        let refused = w.write(&data[128 << 10..]).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(
+            w.buffered(),
+            64 << 10,
+            "the pipe took 64 KiB; the rest stays"
+        );
+        let blocking = |file: &File| {
+            // SAFETY: F_GETFL and F_SETFL on an open descriptor.
+            unsafe {
+                let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+                libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        };
+        blocking(&w.file);
+        blocking(&reader);
+        let drain = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).unwrap();
+            got
+        });
+        w.write_all(&data[128 << 10..]).unwrap();
+        drop(w.into_inner().unwrap()); // closes the pipe: the reader sees its end
+        let got = drain.join().unwrap();
+        assert_eq!(got.len(), data.len());
+        assert!(got == data, "bytes lost or repeated");
     }
 
     #[test]
