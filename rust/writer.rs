@@ -901,6 +901,21 @@ mod tests {
     }
 
     #[test]
+    fn a_long_name_that_is_not_utf8_still_gets_a_temporary_name() {
+        // Linux names are bytes: 250 UTF-8 continuation bytes have no character boundary.
+        let name = OsString::from_vec(vec![0x80; 250]);
+        let stem = temp_stem(&name);
+        assert_eq!(
+            stem,
+            OsString::from(format!("~{:016x}", xxh3_64(name.as_bytes())))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(&name);
+        write(&path, 1, false).unwrap();
+        assert_eq!(Store::open(&path).unwrap().len(), 1);
+    }
+
+    #[test]
     fn a_dangling_link_is_refused_and_a_link_to_a_store_is_replaced_through() {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("link.bin");
