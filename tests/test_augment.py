@@ -188,6 +188,42 @@ def test_impossible_crops_fall_back_to_torchvisions_centre_crop():
     torch.testing.assert_close(p["box_h"], torch.full((50,), 10 / 3))
 
 
+def test_crop_areas_span_the_scale_and_a_box_that_never_fits_is_the_fallback():
+    """scale=(0.9, 1) on a 40x30 image: a box fits in a few of the 10 tries (about 4% each);
+    the others take torchvision's fallback, here the whole image (4/3 lies within the ratios)."""
+    p = Augment(scale=(0.9, 1.0), ratio=(0.3, 3.0)).params(torch.arange(2000), 0, 40, 30)
+    whole = (p["box_h"] == 40) & (p["box_w"] == 30)
+    fitted = ~whole
+    assert 0.1 < fitted.float().mean() < 0.9  # both kinds in one batch
+    area = p["box_h"][fitted] * p["box_w"][fitted] / (40 * 30)
+    assert (p["box_h"][fitted] <= 40).all() and (p["box_w"][fitted] <= 30).all()
+    assert area.min() >= 0.9 - 1e-5
+    spread = Augment(scale=(0.2, 0.6)).params(torch.arange(2000), 0, 40, 30)
+    area = spread["box_h"] * spread["box_w"] / (40 * 30)
+    assert area.min() < 0.25 and area.max() > 0.55  # the whole scale range is drawn
+
+
+def test_impossible_crops_of_a_wide_image_fall_back_to_its_full_height():
+    # No box of the whole area with w/h <= 1/3 fits a 10x10 image, wider than the ratios: the
+    # box takes the full height and width H * 1/3.
+    p = Augment(scale=(1.0, 1.0), ratio=(0.25, 1 / 3)).params(torch.arange(50), 0, 10, 10)
+    torch.testing.assert_close(p["box_h"], torch.full((50,), 10.0))
+    torch.testing.assert_close(p["box_w"], torch.full((50,), 10 / 3))
+
+
+@pytest.mark.parametrize("height,width", [(20, 10), (10, 20)])
+def test_a_crop_box_that_fits_exactly_is_taken(monkeypatch, height, width):
+    """Every draw 0.5: half the area of the image, square (the middle of ratios 1/4 to 4), so
+    the 10x10 box touches two sides; it fits (torchvision's `w <= width`) and no fallback
+    (the whole image) replaces it."""
+    monkeypatch.setattr(
+        fastload.augment, "uniforms", lambda seed, epoch, keys: torch.full((len(keys), 64), 0.5)
+    )
+    p = Augment(scale=(0.5, 0.5), ratio=(0.25, 4.0)).params(torch.arange(3), 0, height, width)
+    torch.testing.assert_close(p["box_h"], torch.full((3,), 10.0), rtol=0, atol=0)
+    torch.testing.assert_close(p["box_w"], torch.full((3,), 10.0), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("angle", [90.0, -30.0, 12.5])
 def test_rotation_matches_a_hand_reference(angle):
     images = smooth_images(h=20, w=20)
@@ -782,6 +818,29 @@ def test_the_torch_path_cuda_runs_matches_the_cpu_kernel(dtype, jitter):
     torch_ops = to_device(images, "cpu", dtype=dtype, **options)
     tolerance = 2e-4 if dtype == torch.float64 else 0.05
     torch.testing.assert_close(torch_ops.float(), kernel, atol=tolerance, rtol=0)
+
+
+def test_augment_gives_channels_last_float32_or_the_layout_and_dtype_asked_for():
+    images, keys = smooth_images(n=3), torch.arange(3)
+    aug = Augment(scale=(0.5, 1.0), hflip=0.5, degrees=20, seed=3)
+    default = aug(images, keys, 1)
+    assert default.dtype == torch.float32 and default.is_contiguous(memory_format=torch.channels_last)
+    plain = aug.apply(images, keys, 1, channels_last=False)
+    assert plain.is_contiguous() and torch.equal(plain, default)
+    assert aug(images, keys, 1, torch.float64).dtype == torch.float64
+    two = images[..., :2].contiguous()  # two channels: the torch path (the kernel takes 1 or 3)
+    torch.testing.assert_close(aug(two, keys, 1), default[:, :2], atol=2e-4, rtol=0)
+
+
+def test_a_float64_batch_is_resampled_in_float64():
+    """Flipped both ways through the sampling grid, a float64 batch is the flipped batch to
+    float64 precision: its grid's pixel centres are computed in float64, not float32."""
+    images = smooth_images(n=2)
+    flipped = to_device(
+        images, "cpu", dtype=torch.float64, augment=Augment(hflip=1.0, vflip=1.0), keys=torch.arange(2)
+    )
+    expected = to_device(images, "cpu", dtype=torch.float64).flip([-2, -1])
+    torch.testing.assert_close(flipped, expected, rtol=0, atol=1e-9)
 
 
 def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):
