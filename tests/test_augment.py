@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import fastload
 from fastload import Augment, FastLoadDataset, StoreWriter, cli, to_device
-from fastload.augment import MAX_JITTER, _signed, _splitmix64_int, splitmix64, uniforms
+from fastload.augment import MAX_JITTER, MAX_SIDE, _signed, _splitmix64_int, splitmix64, uniforms
 from fastload.preview import save_preview
 
 try:
@@ -117,6 +117,9 @@ def test_uniforms_are_uniform_and_depend_on_every_input():
     for other in (uniforms(1, 0, keys), uniforms(0, 1, keys), uniforms(0, 0, keys + 1)):
         assert (other != u).float().mean() > 0.99
     assert torch.equal(uniforms(0, 0, keys[[5, 3, 5]]), u[[5, 3, 5]])
+    epochs = [uniforms(0, epoch, keys[:100]) for epoch in range(4)]  # every epoch draws anew
+    assert all(not torch.equal(epochs[a], epochs[b]) for a in range(4) for b in range(a))
+    assert torch.equal(uniforms(0, 0, keys.to(torch.int32)), u)  # a key is its value, whatever its dtype
 
 
 # Geometry against references
@@ -186,6 +189,57 @@ def test_impossible_crops_fall_back_to_torchvisions_centre_crop():
     p = Augment(scale=(1.0, 1.0), ratio=(3.0, 4.0)).params(torch.arange(50), 0, 10, 10)
     torch.testing.assert_close(p["box_w"], torch.full((50,), 10.0))
     torch.testing.assert_close(p["box_h"], torch.full((50,), 10 / 3))
+
+
+def test_crop_areas_span_the_scale_and_a_box_that_never_fits_is_the_fallback():
+    """scale=(0.9, 1) on a 40x30 image: a box fits in a few of the 10 tries (about 4% each);
+    the others take torchvision's fallback, here the whole image (4/3 lies within the ratios)."""
+    p = Augment(scale=(0.9, 1.0), ratio=(0.3, 3.0)).params(torch.arange(2000), 0, 40, 30)
+    whole = (p["box_h"] == 40) & (p["box_w"] == 30)
+    fitted = ~whole
+    assert 0.1 < fitted.float().mean() < 0.9  # both kinds in one batch
+    area = p["box_h"][fitted] * p["box_w"][fitted] / (40 * 30)
+    assert (p["box_h"][fitted] <= 40).all() and (p["box_w"][fitted] <= 30).all()
+    assert area.min() >= 0.9 - 1e-5
+    spread = Augment(scale=(0.2, 0.6)).params(torch.arange(2000), 0, 40, 30)
+    area = spread["box_h"] * spread["box_w"] / (40 * 30)
+    assert area.min() < 0.25 and area.max() > 0.55  # the whole scale range is drawn
+
+
+def test_impossible_crops_of_a_wide_image_fall_back_to_its_full_height():
+    # No box of the whole area with w/h <= 1/3 fits a 10x10 image, wider than the ratios: the
+    # box takes the full height and width H * 1/3.
+    p = Augment(scale=(1.0, 1.0), ratio=(0.25, 1 / 3)).params(torch.arange(50), 0, 10, 10)
+    torch.testing.assert_close(p["box_h"], torch.full((50,), 10.0))
+    torch.testing.assert_close(p["box_w"], torch.full((50,), 10 / 3))
+
+
+def test_angles_and_shifts_are_drawn_over_their_whole_ranges():
+    p = Augment(degrees=30.0, translate=0.25).params(torch.arange(4000), 0, 40, 32)
+    for name, bound in (("angle", 30.0), ("shift_x", 0.25 * 32), ("shift_y", 0.25 * 40)):
+        draws = p[name]
+        assert draws.min() >= -bound and draws.max() <= bound, name
+        assert draws.min() < -0.98 * bound and draws.max() > 0.98 * bound, name
+        assert abs(draws.mean()) < 0.05 * bound, name
+
+
+def test_a_flip_probability_of_zero_never_flips_even_at_the_draw_zero(monkeypatch):
+    monkeypatch.setattr(fastload.augment, "uniforms", lambda seed, epoch, keys: torch.zeros((len(keys), 64)))
+    p = Augment(hflip=0.0, vflip=0.0).params(torch.arange(3), 0, 8, 8)
+    assert not p["hflip"].any() and not p["vflip"].any()
+
+
+@pytest.mark.parametrize("height,width", [(20, 10), (10, 20)])
+def test_a_crop_box_that_fits_exactly_is_taken(monkeypatch, height, width):
+    """Every draw 0.5: half the area of the image, square (the middle of ratios 1/4 to 4), so
+    the 10x10 box touches two sides; it fits (torchvision's `w <= width`) and no fallback
+    (the whole image) replaces it."""
+    monkeypatch.setattr(
+        fastload.augment, "uniforms", lambda seed, epoch, keys: torch.full((len(keys), 64), 0.5)
+    )
+    p = Augment(scale=(0.5, 0.5), ratio=(0.25, 4.0)).params(torch.arange(3), 0, height, width)
+    torch.testing.assert_close(p["box_h"], torch.full((3,), 10.0), rtol=0, atol=0)
+    torch.testing.assert_close(p["box_w"], torch.full((3,), 10.0), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("angle", [90.0, -30.0, 12.5])
@@ -439,6 +493,8 @@ def test_from_spec_skips_empty_and_none_terms_and_takes_every_amount():
 def test_repr_shows_only_what_differs_from_the_defaults():
     assert repr(Augment()) == "Augment()"
     assert repr(Augment(size=8, hflip=0.5, seed=3)) == "Augment(size=(8, 8), hflip=0.5, seed=3)"
+    parsed = Augment.from_spec("flip,crop=0.5")  # keeps its spec for a checkpoint, not in its repr
+    assert parsed.spec == "flip,crop=0.5" and repr(parsed) == "Augment(scale=(0.5, 1.0), hflip=0.5)"
 
 
 @pytest.mark.parametrize(
@@ -463,6 +519,9 @@ def test_repr_shows_only_what_differs_from_the_defaults():
         ({"contrast": 2**2000}, "contrast must be a finite number, not an integer of 2001 bits"),
         ({"scale": 5}, r"scale must be a \(low, high\) range"),
         ({"ratio": (1.0, 2.0, 3.0)}, r"ratio must be a \(low, high\) range"),
+        ({"scale": (0.5, 1.5)}, r"scale must lie in \(0, 1\]"),
+        ({"ratio": (0.0, 1.0)}, "ratio must be positive"),
+        ({"translate": 1.5}, "translate must be between 0 and 1, not 1.5"),
     ],
 )
 def test_bad_options_are_refused_by_name(kwargs, message):
@@ -782,6 +841,53 @@ def test_the_torch_path_cuda_runs_matches_the_cpu_kernel(dtype, jitter):
     torch_ops = to_device(images, "cpu", dtype=dtype, **options)
     tolerance = 2e-4 if dtype == torch.float64 else 0.05
     torch.testing.assert_close(torch_ops.float(), kernel, atol=tolerance, rtol=0)
+
+
+def test_augment_names_what_it_takes_word_for_word():
+    with pytest.raises(TypeError) as error:
+        Augment()(torch.zeros((2, 4, 4, 3)), torch.arange(2), 0)
+    assert str(error.value) == "images must be a uint8 tensor of shape N×H×W×C"
+    with pytest.raises(TypeError) as error:
+        Augment(spec=3)
+    assert str(error.value) == "spec must be a str or None, not int"
+    assert Augment(spec="flip").spec == "flip"
+    assert Augment(size=(MAX_SIDE, 8)).size == (MAX_SIDE, 8)
+
+
+def test_the_finiteness_bound_is_that_of_the_widest_pixel():
+    """float16's largest is 65504: 255 x 256 = 65280 passes; a negative mean adds to it."""
+    images, keys, half = smooth_images(), torch.arange(3), dict(dtype=torch.float16)
+    scale = torch.full((1, 1, 1, 1), 256.0, **half)
+    out = Augment().apply(
+        images, keys, 0, torch.float16, scale=scale, shift=torch.zeros((1, 1, 1, 1), **half)
+    )
+    assert bool(torch.isfinite(out).all()) and out.max() == 256 * int(images.max())
+    shift = torch.full((1, 1, 1, 1), -1000.0, **half)  # x * 256 + 1000 reaches 66280: inf
+    with pytest.raises(ValueError, match=r"a mean nearer 0, or a wider dtype$"):
+        Augment().apply(images, keys, 0, torch.float16, scale=scale, shift=shift)
+
+
+def test_augment_gives_channels_last_float32_or_the_layout_and_dtype_asked_for():
+    images, keys = smooth_images(n=3), torch.arange(3)
+    aug = Augment(scale=(0.5, 1.0), hflip=0.5, degrees=20, seed=3)
+    default = aug(images, keys, 1)
+    assert default.dtype == torch.float32 and default.is_contiguous(memory_format=torch.channels_last)
+    plain = aug.apply(images, keys, 1, channels_last=False)
+    assert plain.is_contiguous() and torch.equal(plain, default)
+    assert aug(images, keys, 1, torch.float64).dtype == torch.float64
+    two = images[..., :2].contiguous()  # two channels: the torch path (the kernel takes 1 or 3)
+    torch.testing.assert_close(aug(two, keys, 1), default[:, :2], atol=2e-4, rtol=0)
+
+
+def test_a_float64_batch_is_resampled_in_float64():
+    """Flipped both ways through the sampling grid, a float64 batch is the flipped batch to
+    float64 precision: its grid's pixel centres are computed in float64, not float32."""
+    images = smooth_images(n=2)
+    flipped = to_device(
+        images, "cpu", dtype=torch.float64, augment=Augment(hflip=1.0, vflip=1.0), keys=torch.arange(2)
+    )
+    expected = to_device(images, "cpu", dtype=torch.float64).flip([-2, -1])
+    torch.testing.assert_close(flipped, expected, rtol=0, atol=1e-9)
 
 
 def test_cpu_groups_of_samples_give_the_whole_batchs_result(monkeypatch):

@@ -280,7 +280,7 @@ ROWS = [
         "StoreWriter(meta=[1])",
         lambda f: StoreWriter(f.new, (2, 2, 3), meta=[1]),
         TypeError,
-        "meta must be a dict",
+        "meta must be a dict, not list",
     ),
     (
         "StoreWriter(meta={'a': object()})",

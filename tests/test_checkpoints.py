@@ -467,6 +467,30 @@ LOADED_HOSTILE = {
         lambda c: c["rng"].update(cuda=[torch.zeros(16)]),
         "its CUDA random states are not a list of byte tensors",
     ),
+    "config key not a name": (
+        lambda c: c["config"].update({1: 2}),
+        "its config has keys that are not names$",
+    ),
+    "model value not a tensor": (
+        lambda c: c["model"].update(extra=[1.0]),
+        "its model holds something other than named tensors$",
+    ),
+    "task unknown": (
+        lambda c: c["config"].update(task="ranking"),
+        "its task 'ranking' is none of regression, classification$",
+    ),
+    "history entry of another epoch, word for word": (
+        lambda c: c["history"][0].update(epoch=5),
+        "history entry 0 is not the metrics of epoch 1$",
+    ),
+    "stores without the validation store": (
+        lambda c: c["stores"].pop("validation store"),
+        "its stores are not the store and the validation store$",
+    ),
+    "validation store without a fingerprint": (
+        lambda c: c["stores"].update({"validation store": {"path": "val.fastload"}}),
+        "its stores are not a path and a fingerprint each$",
+    ),
 }
 
 
@@ -495,6 +519,73 @@ def test_load_checkpoint_takes_a_meter_that_never_waited(saved_mid_epoch, tmp_pa
         saved_mid_epoch, lambda c: c["partial"]["meter"].update(wait=0, seconds=0.0), tmp_path / "i.ckpt"
     )
     assert load_checkpoint(idle)["partial"]["meter"]["wait"] == 0
+
+
+def test_load_checkpoint_takes_a_fingerprinted_validation_store_and_a_config_without_data_seed(
+    saved_mid_epoch, tmp_path
+):
+    """A run with a validation store records its fingerprint; a checkpoint written before
+    ``data_seed`` existed resumes with the seed its position records."""
+
+    def edit(c):
+        c["stores"]["validation store"] = {"path": "val.fastload", "fingerprint": "abc"}
+        c["config"].pop("data_seed")
+
+    loaded = load_checkpoint(edited(saved_mid_epoch, edit, tmp_path / "older.ckpt"))
+    assert loaded["stores"]["validation store"]["fingerprint"] == "abc" and loaded["step"] == 7
+
+
+def test_a_file_that_is_no_checkpoint_is_named_with_what_it_is(saved_mid_epoch, tmp_path):
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match=rf"^{garbage}: not a readable fastload training checkpoint \(."):
+        load_checkpoint(garbage)
+    for name, contents in (("list.ckpt", [1, 2]), ("other.ckpt", {"format": "another-format"})):
+        torch.save(contents, tmp_path / name)
+        with pytest.raises(ValueError) as err:
+            load_checkpoint(tmp_path / name)
+        assert str(err.value) == (
+            f"{tmp_path / name}: not a fastload training checkpoint (fastload-train-checkpoint-1)"
+        )
+
+
+class _MakesAFolder:
+    """Unpickled by a full pickle load, it creates a folder: code a checkpoint must not run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_a_checkpoint_carrying_code_is_refused_without_running_it(tmp_path):
+    ran = tmp_path / "ran"
+    hostile = tmp_path / "code.ckpt"
+    torch.save({"format": "fastload-train-checkpoint-1", "payload": _MakesAFolder(os.fspath(ran))}, hostile)
+    with pytest.raises(ValueError, match=rf"^{hostile}: not a readable fastload training checkpoint \(."):
+        load_checkpoint(hostile)
+    assert not ran.exists()
+
+
+def test_a_checkpoint_written_on_a_gpu_loads_onto_the_cpu(saved_mid_epoch, tmp_path):
+    """Its tensors are tagged "cuda:0" (as a GPU run saves them): they load onto the CPU, on a
+    machine with or without CUDA."""
+    buffer = io.BytesIO()
+    torch.save(torch.load(saved_mid_epoch, weights_only=True), buffer, _use_new_zipfile_serialization=False)
+    on_cpu = buffer.getvalue()
+    tag = b"X\x03\x00\x00\x00cpu"  # the storages' location (and the config's device), as pickled
+    assert tag in on_cpu
+    from_gpu = tmp_path / "gpu.ckpt"
+    from_gpu.write_bytes(on_cpu.replace(tag, b"X\x06\x00\x00\x00cuda:0"))
+    loaded = load_checkpoint(from_gpu)
+    assert loaded["step"] == 7 and all(t.device.type == "cpu" for t in loaded["model"].values())
+
+
+def test_a_resume_that_is_no_path_is_named(store_path):
+    with pytest.raises(TypeError) as err:
+        fit(store_path, resume=123, **SHARED)
+    assert str(err.value) == "resume must be a str or os.PathLike, not int"
 
 
 STORE_A = {"path": "a.fastload", "fingerprint": "1"}

@@ -77,6 +77,13 @@ def test_single_channel_accepts_2d_images(tmp_path):
     assert s.images[1].max() == 9
 
 
+def test_a_shape_of_two_sides_is_one_channel(tmp_path):
+    with StoreWriter(tmp_path / "g.bin", (4, 3)) as w:
+        assert w.shape == (4, 3, 1) and w.path == tmp_path / "g.bin"
+        w.append(np.full((4, 3), 7, np.uint8), 1.0)
+    assert Store(tmp_path / "g.bin").shape == (4, 3, 1)
+
+
 def test_records_are_page_aligned_for_384(tmp_path):
     images = random_images(3, (384, 384, 3))
     path = write_store(tmp_path / "s.bin", images, [0.0, 1.0, 2.0])
@@ -391,7 +398,7 @@ def test_class_names_shared_by_two_classes_are_refused(tmp_path, names, shared):
     """A reader counts records per class name: two classes of one name would merge."""
     with pytest.raises(ValueError, match="one name to several classes") as error:
         StoreWriter(tmp_path / "s.bin", (2, 2, 1), label_dtype="int64", meta={"class_names": names})
-    assert shared in str(error.value)
+    assert shared in str(error.value) and str(error.value).endswith("; each class needs a name of its own")
     writer = StoreWriter(tmp_path / "s.bin", (2, 2, 1), label_dtype="int64", meta={"class_names": ["x", "y"]})
     writer.append(np.zeros((2, 2, 1), np.uint8), 0)
     writer.meta["class_names"] = names  # spoilt after construction: refused at commit, nothing written

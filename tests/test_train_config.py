@@ -220,6 +220,16 @@ def test_checkpoint_in_a_path_under_a_file_is_refused(store_path, tmp_path):
         fit(store_path, checkpoint=tmp_path / "somefile" / "run.ckpt", **FAST)
 
 
+@pytest.mark.safety
+def test_a_checkpoint_path_that_is_a_named_pipe_is_refused_when_the_config_is_made(store_path, tmp_path):
+    """Before any data is read, and named as the checkpoint (the save would only fail after an epoch)."""
+    fifo = tmp_path / "run.ckpt"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError) as err:
+        TrainConfig(store_path, checkpoint=fifo, **FAST)
+    assert str(err.value).startswith(f"checkpoint {fifo} is a named pipe, not a regular file")
+
+
 def test_cuda_without_cuda_is_refused(store_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="CUDA is not available"):

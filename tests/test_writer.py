@@ -3,6 +3,7 @@ that share a destination (two processes whose PIDs collide in separate PID names
 writers in one notebook), killed writers, hostile metadata, huge damage and awkward paths:
 nothing is lost, nothing half-written, every cost bounded. Its everyday use: test_store.py."""
 
+import datetime
 import gc
 import json
 import math
@@ -288,6 +289,47 @@ def meta_section(path):
     with open(path, "rb") as f:
         f.seek(96)
         return tuple(int(v) for v in np.frombuffer(f.read(16), dtype="<u8"))
+
+
+def test_metadata_is_utf8_text_with_its_creation_time_in_utc(tmp_path):
+    """docs/FORMAT.md: the section is UTF-8 JSON (a name is its UTF-8 bytes, not escapes, and
+    counts as those bytes against MAX_META_LEN); `created` is ISO 8601 in UTC, to the second."""
+    path = tmp_path / "s.fastload"
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    with StoreWriter(path, SHAPE, meta={"note": "猫 café"}) as w:
+        w.extend(*records(1))
+    after = datetime.datetime.now(datetime.timezone.utc)
+    offset, length = meta_section(path)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        assert "猫 café".encode() in f.read(length)
+    created = Store(path).meta["created"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", created)
+    assert before <= datetime.datetime.fromisoformat(created) <= after
+
+
+def padded_to_the_limit(tmp_path, meta):
+    """``meta`` with a ``pad`` string making its JSON, the writer's keys included, exactly
+    MAX_META_LEN bytes (measured on a store written with an empty pad)."""
+    with StoreWriter(tmp_path / "measure.fastload", SHAPE, meta={**meta, "pad": ""}, overwrite=True) as w:
+        w.extend(*records(1))
+    return {**meta, "pad": "x" * (_core.MAX_META_LEN - meta_section(tmp_path / "measure.fastload")[1])}
+
+
+def test_metadata_of_exactly_the_limit_is_taken_and_checked_as_a_reader_would(tmp_path):
+    """MAX_META_LEN bytes is within the limit: written and read back; and the reader's checks
+    (here its depth) still run on it when the writer is made, not only at commit."""
+    path = tmp_path / "s.fastload"
+    with StoreWriter(path, SHAPE, meta=padded_to_the_limit(tmp_path, {})) as w:
+        w.extend(*records(1))
+    assert meta_section(path)[1] == _core.MAX_META_LEN
+    assert len(Store(path).meta["pad"]) > _core.MAX_META_LEN - 100
+    too_deep = padded_to_the_limit(tmp_path, nested(_core.MAX_META_DEPTH - 2))
+    StoreWriter(tmp_path / "t.fastload", SHAPE, meta=too_deep).discard()  # 64 levels with meta's: taken
+    too_deep["deep"] = [too_deep["deep"]]
+    too_deep["pad"] = too_deep["pad"][2:]  # the added "[" and "]" keep it at the limit
+    with pytest.raises(ValueError, match=r"is nested 65 levels deep, more than 64"):
+        StoreWriter(tmp_path / "u.fastload", SHAPE, meta=too_deep)
 
 
 def hostile_store(path, meta_text):
