@@ -699,23 +699,35 @@ mod tests {
     fn a_store_is_published_by_rename_where_the_filesystem_refuses_a_hard_link() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");
+        // Uses up a writer's temporary file's links (ext4 allows 65,000), so that linking it to
+        // the destination fails as it does on filesystems without hard links; false where
+        // there is no such limit.
+        let refuse_links = |w: &StoreWriter, links: &Path| {
+            std::fs::create_dir(links).unwrap();
+            for n in 0..70_000 {
+                match std::fs::hard_link(&w.temp, links.join(n.to_string())) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EMLINK) => return true,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            false
+        };
         let mut w = StoreWriter::create(&path, (2, 3, 1), LabelDtype::Int64, false).unwrap();
         w.append(&[4u8; 6], [0u8; 8]).unwrap();
-        // Use up the temporary file's links (ext4 allows 65,000), so that linking it to the
-        // destination fails as it does on filesystems without hard links.
-        let links = dir.path().join("links");
-        std::fs::create_dir(&links).unwrap();
-        for n in 0.. {
-            match std::fs::hard_link(&w.temp, links.join(n.to_string())) {
-                Ok(()) if n < 70_000 => {}
-                Ok(()) => return, // no link limit on this filesystem: nothing to refuse
-                Err(e) if e.raw_os_error() == Some(libc::EMLINK) => break,
-                Err(e) => panic!("{e}"),
-            }
+        if !refuse_links(&w, &dir.path().join("links")) {
+            return; // no link limit on this filesystem: nothing to refuse
         }
         w.commit("{}").unwrap();
         assert_eq!(Store::open(&path).unwrap().image(0), &[4u8; 6]);
         assert_eq!(dir_entries(dir.path()), vec!["a.bin", "links"]);
+        // And a file created at the destination meanwhile is still not replaced.
+        let other = dir.path().join("b.bin");
+        let w = StoreWriter::create(&other, (2, 3, 1), LabelDtype::Int64, false).unwrap();
+        assert!(refuse_links(&w, &dir.path().join("links2")));
+        std::fs::write(&other, b"theirs").unwrap();
+        assert!(w.commit("{}").is_err());
+        assert_eq!(std::fs::read(&other).unwrap(), b"theirs");
     }
 
     #[test]
