@@ -22,7 +22,7 @@ const ALIGN: usize = 4096;
 /// each full buffer is written at once, directly where the file allows it.
 pub struct DirectWriter {
     file: File,
-    /// `capacity + ALIGN` bytes, of which the aligned `block` range is used.
+    /// `capacity + ALIGN` bytes, of which `start..start + capacity` (aligned) is used.
     storage: Vec<u8>,
     start: usize,
     capacity: usize,
@@ -46,7 +46,7 @@ impl DirectWriter {
             filled: 0,
             direct: false,
         };
-        writer.direct = writer.set_direct(true);
+        writer.set_direct(true);
         writer
     }
 

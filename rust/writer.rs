@@ -558,6 +558,11 @@ mod tests {
         w.commit(r#"{"k": 1}"#)
     }
 
+    /// A writer of 2x3x1 records with int64 labels, refusing to replace a file at `path`.
+    fn new_writer(path: &Path) -> StoreWriter {
+        StoreWriter::create(path, (2, 3, 1), LabelDtype::Int64, false).unwrap()
+    }
+
     fn dir_entries(dir: &Path) -> Vec<String> {
         let mut v: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
@@ -626,7 +631,7 @@ mod tests {
     fn a_file_created_at_the_destination_meanwhile_is_not_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.bin");
-        let mut w = StoreWriter::create(&path, (2, 3, 1), LabelDtype::Int64, false).unwrap();
+        let mut w = new_writer(&path);
         w.append(&[1u8; 6], [0u8; 8]).unwrap();
         std::fs::write(&path, b"theirs").unwrap();
         let message = w.commit("{}").unwrap_err().to_string();
@@ -713,7 +718,7 @@ mod tests {
             }
             false
         };
-        let mut w = StoreWriter::create(&path, (2, 3, 1), LabelDtype::Int64, false).unwrap();
+        let mut w = new_writer(&path);
         w.append(&[4u8; 6], [0u8; 8]).unwrap();
         if !refuse_links(&w, &dir.path().join("links")) {
             return; // no link limit on this filesystem: nothing to refuse
@@ -723,7 +728,7 @@ mod tests {
         assert_eq!(dir_entries(dir.path()), vec!["a.bin", "links"]);
         // And a file created at the destination meanwhile is still not replaced.
         let other = dir.path().join("b.bin");
-        let w = StoreWriter::create(&other, (2, 3, 1), LabelDtype::Int64, false).unwrap();
+        let w = new_writer(&other);
         assert!(refuse_links(&w, &dir.path().join("links2")));
         std::fs::write(&other, b"theirs").unwrap();
         assert!(w.commit("{}").is_err());
@@ -815,13 +820,7 @@ mod tests {
     #[test]
     fn a_writer_counts_its_records() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = StoreWriter::create(
-            dir.path().join("a.bin"),
-            (2, 3, 1),
-            LabelDtype::Int64,
-            false,
-        )
-        .unwrap();
+        let mut w = new_writer(&dir.path().join("a.bin"));
         assert_eq!((w.len(), w.is_empty(), w.image_len()), (0, true, 6));
         w.append_many(&[7u8; 12], &[0u8; 16]).unwrap();
         assert_eq!((w.len(), w.is_empty()), (2, false));
@@ -1045,13 +1044,7 @@ mod tests {
     #[test]
     fn wrong_image_size_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = StoreWriter::create(
-            dir.path().join("a.bin"),
-            (2, 3, 1),
-            LabelDtype::Int64,
-            false,
-        )
-        .unwrap();
+        let mut w = new_writer(&dir.path().join("a.bin"));
         assert!(matches!(w.append(&[0u8; 5], [0; 8]), Err(Error::Value(_))));
         assert!(matches!(
             w.append_many(&[0u8; 12], &[0u8; 8]),
