@@ -5,7 +5,6 @@ those of arrays. The full runs (250,000 records; a store larger than RAM) are in
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,29 +84,43 @@ def test_large_part_reads_a_store_cold_in_every_order(tmp_path):
     assert set(large["x_sequential_read"]) == {"read", "sequential", "block", "random"}
 
 
-def _python3_only_path(tmp_path):
-    """A PATH whose only Python is `python3` (this interpreter), as on a stock GPU machine."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(sys.executable)
-    return f"{bin_dir}:/usr/bin:/bin"
+def _python3_only_env(tmp_path):
+    """A virtual environment made here whose only interpreter is `python3`, as on a stock GPU
+    machine, that sees this interpreter's packages (fastload, torch, pytest) through a .pth:
+    whatever the script installs goes into it and nowhere else."""
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
+    (env_dir / "bin" / "python").unlink()
+    site_packages = subprocess.run(
+        [str(env_dir / "bin" / "python3"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    outer = [p for p in sys.path if p.endswith("site-packages")]
+    (Path(site_packages) / "outer.pth").write_text(f"import site; list(map(site.addsitedir, {outer!r}))\n")
+    return env_dir
 
 
-def _device_check(out, env, timeout):
+def _device_check(out, env, tmp_path, timeout):
+    """benches/device_check.sh in an environment built from nothing (#35: one inherited
+    FASTLOAD_WHEEL had it pip-install into the machine's own Python)."""
+    env_dir = _python3_only_env(tmp_path)
+    scratch = {"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     return subprocess.run(
         ["bash", str(BENCHES / "device_check.sh"), str(out)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHON", "STEPS", "BUDGET")} | env,
+        env=scratch | env,
     )
 
 
 def test_device_check_runs_with_python3_alone_and_writes_each_step_as_it_ends(tmp_path):
     # #25: on the GPU machine there was no `python`, only `python3`.
     out = tmp_path / "out"
-    env = {"DEVICE": "cpu", "STEPS": "setup,to_device", "BUDGET": "200", "PATH": _python3_only_path(tmp_path)}
-    done = _device_check(out, env, timeout=240)
+    env = {"DEVICE": "cpu", "STEPS": "setup,to_device", "BUDGET": "200"}
+    done = _device_check(out, env, tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.glob("*.log")) == ["01-setup.log", "02-to_device.log"]
     machine = json.loads((out / "machine.json").read_text())
@@ -154,7 +167,7 @@ def test_device_check_summary_names_failed_tests_and_steps_cut_short(tmp_path):
 def test_device_check_dry_run_on_cpu_writes_every_figure(tmp_path):
     out = tmp_path / "out"
     env = {"DEVICE": "cpu", "BUDGET": "540", "STEPS": ",".join(DRY_RUN_STEPS)}
-    done = _device_check(out, env, timeout=600)
+    done = _device_check(out, env, tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "summary.json").read_text())
     assert report["passed"] and report["device"] == "cpu" and report["tests"]["cuda_tests"]["passed"] > 0
@@ -182,7 +195,7 @@ DRY_RUN_STEPS = (
 @pytest.mark.slow  # ~30 s on 2 busy cores: three interpreters import torch
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_device_check_fails_loudly_without_cuda(tmp_path):
-    done = _device_check(tmp_path / "out", {"DEVICE": "cuda"}, timeout=120)
+    done = _device_check(tmp_path / "out", {"DEVICE": "cuda"}, tmp_path, timeout=120)
     assert done.returncode == 1
     assert "FAILED: setup" in done.stderr and "CUDA is not available" in done.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
