@@ -299,15 +299,37 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         yield from self._iteration(store, None)
 
     def _iteration(self, store: Store, worker: Optional[Any]) -> Iterator[tuple]:
+        records, bounds, num_workers = self._claim_batches(worker)
+        pool = self._buffers(store, worker is not None)
+        return self._batches(store, records, bounds, pool, self._progress, num_workers, worker is None)
+
+    def _claim_batches(self, worker: Optional[Any]) -> Tuple[np.ndarray, np.ndarray, int]:
+        """(records, batch bounds, worker count) of the iteration starting now, its epoch
+        claimed and its progress counted from here."""
         epoch, start = self._claim_epoch(worker)
         order = self._plan.pad(
             epoch_order(self.indices, self.order, self.seed, epoch, self.block_size, self.window)
         )
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
         records, bounds = self._plan.batches(order, range(start + worker_id, len(self._plan), num_workers))
-        pool = self._buffers(store, worker is not None)
         self._progress = [epoch, start]
-        return self._batches(store, records, bounds, pool, self._progress, num_workers, worker is None)
+        return records, bounds, num_workers
+
+    def record_batches(self) -> Iterator[np.ndarray]:
+        """The record numbers (int64) of each batch the next iteration would yield, in order,
+        with the same bookkeeping as iterating the dataset (the epoch claimed on the first
+        batch, `state_dict` counting the batches given out) but nothing gathered: what a store
+        already on the device (`fastload.DeviceStore`) gathers there itself. Main process only."""
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("record_batches() runs in the main process, not in a DataLoader worker")
+        self._open().check_unchanged()
+        records, bounds, _ = self._claim_batches(None)
+        progress = self._progress
+        for k in range(len(bounds) - 1):
+            progress[1] += 1
+            yield records[bounds[k] : bounds[k + 1]]
+        if self._progress is progress:
+            self._progress = None
 
     def _batches(
         self,

@@ -1,0 +1,233 @@
+"""`DeviceStore`: a store's images uploaded once, as uint8, into the accelerator's memory, and
+each batch gathered there (`index_select`), so that no epoch after the upload crosses the bus,
+needs pinned buffers or a host thread; every run trained from it shares the one copy.
+
+`DeviceStore.loader(dataset)` yields exactly what `DeviceLoader(dataset, device)` yields, batch
+for batch, because it walks the dataset's own plan (`FastLoadDataset.record_batches`: the same
+seed, epoch, order, rank share, `set_epoch` and `state_dict`) and converts with the same
+`Conversion`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from fastload.augment import Augment, check_epoch
+from fastload.device import Conversion
+from fastload.progress import Progress, gigabytes
+from fastload.store import PathLike, Store, as_indices
+
+#: Device memory left free for the model, its gradients, optimizer state and activations unless
+#: the caller says otherwise: a small CNN at batch 256 needs well under this.
+DEFAULT_RESERVE_BYTES = 4 * 2**30
+#: Bytes a chunk of the upload stages in pinned host memory.
+STAGING_BYTES = 256 * 2**20
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory free on `device` now: the CUDA driver's figure, or the host's available RAM for
+    the CPU (which stands in for the device in tests)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes(store: Store, records: int) -> int:
+    """Device bytes that `records` records of `store` take when resident (images and labels)."""
+    return records * (store.image_nbytes + store.label_dtype.itemsize)
+
+
+def largest_fit(store: Store, available: int) -> int:
+    """How many records of `store` fit in `available` bytes."""
+    return max(0, available // (store.image_nbytes + store.label_dtype.itemsize))
+
+
+class DeviceStore:
+    """The records of `store` (all, or those at `indices`) held on `device` as uint8 images and
+    their labels, uploaded once in chunks through a pinned staging buffer (progress on stderr
+    when `progress`).
+
+    Before anything is allocated, the store's bytes are compared with the device's free memory
+    less `reserve_bytes` (left for the model): a store that does not fit is refused with both
+    figures and the largest `indices=` subset that would fit. An out-of-memory during the upload
+    is reported as this option's. Use `loader(dataset, ...)` to iterate batches; one DeviceStore
+    serves any number of loaders (runs) at once.
+    """
+
+    def __init__(
+        self,
+        store: Union[Store, PathLike],
+        device: Union[str, torch.device],
+        *,
+        indices: Any = None,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+        progress: bool = True,
+    ):
+        self.store = store if isinstance(store, Store) else Store(store)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(
+                f"device must be a torch device such as 'cuda' or 'cpu', not {device!r}"
+            ) from None
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available (torch.cuda.is_available() is False)")
+        if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, int) or reserve_bytes < 0:
+            raise ValueError(f"reserve_bytes must be a non-negative integer, not {reserve_bytes!r}")
+        count = len(self.store)
+        self.indices = np.arange(count, dtype=np.int64) if indices is None else as_indices(indices)
+        bad = self.indices[(self.indices < 0) | (self.indices >= count)]
+        if len(bad):
+            raise IndexError(
+                f"indices out of range for {self.store.path} ({count} records): {bad[:5].tolist()}"
+            )
+        if len(np.unique(self.indices)) != len(self.indices):
+            raise ValueError("indices name a record more than once: each record is held once")
+        self.nbytes = resident_bytes(self.store, len(self.indices))
+        free = free_bytes(self.device)
+        available = free - reserve_bytes
+        if self.nbytes > available:
+            fits = largest_fit(self.store, max(available, 0))
+            raise MemoryError(
+                f"{self.store.path}: {len(self.indices):,} records need {gigabytes(self.nbytes)} on "
+                f"{self.device}, which has {gigabytes(free)} free, {gigabytes(max(available, 0))} after "
+                f"the {gigabytes(reserve_bytes)} reserved for the model (reserve_bytes): pass indices= "
+                f"with at most {fits:,} records (e.g. indices=range({fits})), or a smaller reserve_bytes"
+            )
+        # Where each store record sits on the device (-1: not resident).
+        self._rows = np.full(count, -1, dtype=np.int64)
+        self._rows[self.indices] = np.arange(len(self.indices), dtype=np.int64)
+        try:
+            self.images = torch.empty(
+                (len(self.indices), *self.store.shape), dtype=torch.uint8, device=self.device
+            )
+            self.labels = torch.from_numpy(self.store.labels[self.indices]).to(self.device)
+            self._upload(progress)
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
+            if not isinstance(exc, torch.cuda.OutOfMemoryError) and "allocate" not in str(exc):
+                raise
+            raise MemoryError(
+                f"{self.store.path}: out of memory on {self.device} holding {gigabytes(self.nbytes)} of "
+                "records resident (DeviceStore, on_device=True, --on-device): pass indices= with fewer "
+                f"records or raise reserve_bytes ({exc})"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __repr__(self) -> str:
+        return f"DeviceStore({str(self.store.path)!r}, {len(self)} records on {self.device}, {gigabytes(self.nbytes)})"
+
+    def _upload(self, progress: bool) -> None:
+        chunk = max(1, STAGING_BYTES // self.store.image_nbytes)
+        cuda = self.device.type == "cuda"
+        staging = torch.empty((min(chunk, max(len(self), 1)), *self.store.shape), dtype=torch.uint8)
+        if cuda:
+            staging = staging.pin_memory()
+        copied = torch.cuda.Event() if cuda else None
+        bar = Progress(progress, total=self.nbytes, desc="fastload: uploading the store", unit=" B")
+        try:
+            for first in range(0, len(self), chunk):
+                part = self.indices[first : first + chunk]
+                if copied is not None:
+                    copied.synchronize()  # the staging buffer's previous chunk has left
+                self.store.gather(part, out=staging[: len(part)])
+                self.images[first : first + len(part)].copy_(staging[: len(part)], non_blocking=cuda)
+                if copied is not None:
+                    copied.record()
+                bar.update((first + len(part)) * self.store.image_nbytes)
+            if copied is not None:
+                copied.synchronize()
+            bar.update(self.nbytes, force=True)
+        finally:
+            bar.close()
+
+    def rows(self, records: np.ndarray) -> np.ndarray:
+        """The device rows of store records `records`; an error names records not held here."""
+        rows = self._rows[records]
+        if len(rows) and rows.min() < 0:
+            missing = records[rows < 0][:5].tolist()
+            raise IndexError(
+                f"records {missing} of {self.store.path} are not on the device: the dataset reads "
+                "records this DeviceStore was not given (its indices=)"
+            )
+        return rows
+
+    def loader(
+        self,
+        dataset,
+        *,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = True,
+        augment: Optional[Augment] = None,
+    ) -> ResidentLoader:
+        """The batches of `dataset` (a FastLoadDataset over this store) gathered on the device
+        and converted as DeviceLoader converts them."""
+        return ResidentLoader(self, dataset, Conversion(dtype, mean, std, channels_last, augment))
+
+
+class ResidentLoader:
+    """What `DeviceStore.loader` returns: DeviceLoader's batches and bookkeeping (`set_epoch`,
+    `state_dict`, `load_state_dict`, `len`), gathered from the resident copy.
+
+    The images of a batch are gathered into one of two reused device buffers and converted
+    from there into a fresh tensor (the batch the caller holds): a buffer is written again only
+    after the conversion that read it, on the stream that read it (a CUDA event the next write
+    waits for), so no batch a caller holds is ever written over.
+    """
+
+    def __init__(self, resident: DeviceStore, dataset, conversion: Conversion):
+        if not hasattr(dataset, "record_batches"):
+            raise TypeError(f"dataset must be a FastLoadDataset, not {type(dataset).__name__}")
+        if os.path.realpath(dataset.path) != os.path.realpath(resident.store.path):
+            raise ValueError(
+                f"the dataset reads {dataset.path}, another store than this DeviceStore's ({resident.store.path})"
+            )
+        resident.rows(dataset.indices)  # every record it can ask for is held
+        self.resident, self.dataset, self.conversion = resident, dataset, conversion
+        self.device = resident.device
+        shape = (dataset.batch_size, *resident.store.shape)
+        self._buffers = [torch.empty(shape, dtype=torch.uint8, device=self.device) for _ in range(2)]
+        self._read: list = [None, None]  # per buffer, the CUDA event after its last conversion
+        self._turn = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        check_epoch(epoch)
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)
+
+    def __iter__(self) -> Iterator:
+        epoch = None
+        for records in self.dataset.record_batches():
+            if epoch is None:
+                epoch = self.dataset.state_dict()["epoch"]
+            yield self._batch(records, epoch)
+
+    def _batch(self, records: np.ndarray, epoch: int):
+        rows = torch.from_numpy(self.resident.rows(records)).to(self.device)
+        buffer, read = self._buffers[self._turn], self._read[self._turn]
+        if read is not None:
+            torch.cuda.current_stream(self.device).wait_event(read)
+        images = torch.index_select(self.resident.images, 0, rows, out=buffer[: len(rows)])
+        labels = self.resident.labels.index_select(0, rows)
+        keys = torch.from_numpy(records.copy()).to(self.device)
+        out = self.conversion(images, keys, epoch)
+        if self.device.type == "cuda":
+            self._read[self._turn] = torch.cuda.Event()
+            self._read[self._turn].record(torch.cuda.current_stream(self.device))
+        self._turn ^= 1
+        extra = (keys,) if self.dataset.return_indices else ()
+        return (out, labels, *extra)

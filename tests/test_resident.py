@@ -1,0 +1,168 @@
+"""DeviceStore, the store held on the device: bit for bit the batches of FastLoadDataset +
+DeviceLoader (device "cpu" stands in for the GPU), in every order, on every rank, across
+set_epoch and a resume mid-epoch; the fit decided before anything is allocated; batches a
+caller holds are never written over."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fastload.resident
+from fastload import Augment, DeviceLoader, FastLoadDataset, Store, StoreWriter, to_device
+from fastload.resident import DeviceStore
+
+N = 45  # not a multiple of the batch size or the world size
+AUGMENT = Augment.from_spec("crop=0.5,flip,jitter", size=4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("resident") / "s.fastload"
+    images = np.random.default_rng(0).integers(0, 256, (N, 6, 5, 3), dtype=np.uint8)
+    with StoreWriter(path, (6, 5, 3), label_dtype="float64") as writer:
+        writer.extend(images, np.arange(N) / 10)
+    return path
+
+
+@pytest.fixture(scope="module")
+def resident(store_path):
+    return DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
+
+
+def same_batches(got, expected):
+    got, expected = list(got), list(expected)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride()
+            assert torch.equal(x, y)
+    return got
+
+
+def pair(store_path, resident, **options):
+    """(streaming loader, resident loader) over two datasets made alike."""
+    conversion = {k: options.pop(k) for k in ("mean", "std", "augment", "dtype") if k in options}
+    stream = DeviceLoader(FastLoadDataset(store_path, 8, **options), "cpu", **conversion)
+    return stream, resident.loader(FastLoadDataset(store_path, 8, **options), **conversion)
+
+
+@pytest.mark.parametrize("order", ["random", "block", "sequential"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_every_batch_is_the_streaming_paths_in_every_order_and_rank(store_path, resident, order, world_size):
+    for rank in range(world_size):
+        options = dict(
+            order=order, shuffle=order != "sequential", seed=3, rank=rank, world_size=world_size, block_size=4
+        )
+        stream, on_device = pair(store_path, resident, return_indices=True, **options)
+        assert len(on_device) == len(stream)
+        for _ in range(2):  # epochs advance alike
+            same_batches(on_device, stream)
+
+
+def test_set_epoch_and_a_resume_mid_epoch_continue_as_streaming(store_path, resident):
+    options = dict(seed=5, return_indices=True, mean=[0.5, 0.4, 0.3], std=0.25, augment=AUGMENT)
+    stream, on_device = pair(store_path, resident, **options)
+    stream.set_epoch(4)
+    on_device.set_epoch(4)
+    expected = list(stream)
+    it = iter(on_device)
+    first = [next(it) for _ in range(2)]
+    state = on_device.state_dict()
+    assert state == {"seed": 5, "epoch": 4, "position": 2}
+    _, again = pair(store_path, resident, **options)
+    again.load_state_dict(state)
+    same_batches(first + list(again), expected)
+    assert again.state_dict() == {"seed": 5, "epoch": 5, "position": 0}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    batch_size=st.integers(1, 20),
+    seed=st.integers(0, 2**31),
+    world_size=st.integers(1, 3),
+    drop_last=st.booleans(),
+    data=st.data(),
+)
+def test_any_plan_gives_the_streaming_batches(
+    store_path, resident, batch_size, seed, world_size, drop_last, data
+):
+    rank = data.draw(st.integers(0, world_size - 1))
+    indices = data.draw(st.lists(st.integers(0, N - 1), min_size=world_size, max_size=N, unique=True))
+    options = dict(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last, indices=indices)
+    stream = DeviceLoader(FastLoadDataset(store_path, batch_size, **options), "cpu")
+    same_batches(resident.loader(FastLoadDataset(store_path, batch_size, **options)), stream)
+
+
+def test_a_batch_held_is_never_written_over(store_path, resident):
+    loader = resident.loader(FastLoadDataset(store_path, 8, seed=1, return_indices=True), dtype=torch.float64)
+    store = Store(store_path)
+    held = list(loader)  # every batch kept while the later ones are gathered
+    for x, labels, indices in held:
+        images, expected_labels = store.gather(indices.numpy())
+        assert torch.equal(x, to_device(torch.from_numpy(images), "cpu", dtype=torch.float64))
+        assert torch.equal(labels, torch.from_numpy(expected_labels))
+
+
+def test_a_subset_is_held_and_a_dataset_reading_beyond_it_is_refused(store_path):
+    part = DeviceStore(store_path, "cpu", indices=range(10, 30), reserve_bytes=0, progress=False)
+    assert len(part) == 20 and part.nbytes == 20 * (6 * 5 * 3 + 8)
+    ds = FastLoadDataset(store_path, 4, indices=range(12, 28), return_indices=True)
+    same_batches(
+        part.loader(ds),
+        DeviceLoader(FastLoadDataset(store_path, 4, indices=range(12, 28), return_indices=True), "cpu"),
+    )
+    with pytest.raises(IndexError, match=r"not on the device.*indices="):
+        part.loader(FastLoadDataset(store_path, 4))
+    with pytest.raises(ValueError, match="more than once"):
+        DeviceStore(store_path, "cpu", indices=[1, 1], progress=False)
+    with pytest.raises(IndexError, match="out of range"):
+        DeviceStore(store_path, "cpu", indices=[N], progress=False)
+
+
+def test_a_store_that_does_not_fit_is_refused_before_anything_is_allocated(store_path, monkeypatch):
+    record = 6 * 5 * 3 + 8
+    monkeypatch.setattr(fastload.resident, "free_bytes", lambda device: 1000 + 20 * record)
+    allocated = []
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: allocated.append(a))
+    with pytest.raises(MemoryError) as refused:
+        DeviceStore(store_path, "cpu", reserve_bytes=1000, progress=False)
+    message = str(refused.value)
+    assert "45 records need 0.000 GB" in message and "reserved for the model" in message
+    assert "at most 20 records (e.g. indices=range(20))" in message
+    assert allocated == []
+    monkeypatch.undo()
+    monkeypatch.setattr(fastload.resident, "free_bytes", lambda device: 1000 + 20 * record)
+    assert len(DeviceStore(store_path, "cpu", indices=range(20), reserve_bytes=1000, progress=False)) == 20
+
+
+def test_an_out_of_memory_during_the_upload_names_the_option(store_path, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch, "empty", no_memory)
+    with pytest.raises(MemoryError, match=r"DeviceStore, on_device=True, --on-device"):
+        DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
+
+
+def test_the_upload_shows_progress_and_bad_arguments_are_named(store_path, capsys):
+    DeviceStore(store_path, "cpu", reserve_bytes=0, progress=True)
+    assert "uploading the store" in capsys.readouterr().err
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="reserve_bytes"):
+            DeviceStore(store_path, "cpu", reserve_bytes=bad, progress=False)
+    with pytest.raises(ValueError, match="device"):
+        DeviceStore(store_path, "nowhere", progress=False)
+    resident = DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
+    with pytest.raises(TypeError, match="FastLoadDataset"):
+        resident.loader([1, 2])
+
+
+def test_a_dataset_over_another_store_is_refused(store_path, resident, tmp_path):
+    other = tmp_path / "other.fastload"
+    with StoreWriter(other, (6, 5, 3), label_dtype="float64") as writer:
+        writer.extend(np.zeros((N, 6, 5, 3), np.uint8), np.zeros(N))
+    with pytest.raises(ValueError, match="another store"):
+        resident.loader(FastLoadDataset(other, 8))
