@@ -110,6 +110,17 @@ class Conversion:
         return x if self.channels_last else x.contiguous()
 
 
+def usable_device(device: Union[str, torch.device]) -> torch.device:
+    """`device` as a torch.device, or an error saying why batches cannot go there."""
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch device such as 'cuda' or 'cpu', not {device!r}") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available (torch.cuda.is_available() is False)")
+    return found
+
+
 def channel_values(value: Any, name: str) -> Tuple[float, ...]:
     """A per-channel argument (a number, or one per channel) as finite floats, or an error
     naming the argument: a NaN or infinite mean or std would make every output NaN."""
@@ -213,14 +224,7 @@ class DeviceLoader:
             raise TypeError(
                 f"source must be an iterable of batches, such as a FastLoadDataset, not {source!r}"
             )
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(
-                f"device must be a torch device such as 'cuda' or 'cpu', not {device!r}"
-            ) from None
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: CUDA is not available (torch.cuda.is_available() is False)")
+        self.device = usable_device(device)
         self.conversion = Conversion(dtype, mean, std, channels_last, augment)
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be an integer from 1 to {MAX_DEPTH}, not {depth!r}")

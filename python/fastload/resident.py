@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fastload.augment import Augment, check_epoch
-from fastload.device import Conversion
+from fastload.device import Conversion, usable_device
 from fastload.progress import Progress, gigabytes
 from fastload.store import PathLike, Store, as_indices
 
@@ -67,14 +67,7 @@ class DeviceStore:
         progress: bool = True,
     ):
         self.store = store if isinstance(store, Store) else Store(store)
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(
-                f"device must be a torch device such as 'cuda' or 'cpu', not {device!r}"
-            ) from None
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: CUDA is not available (torch.cuda.is_available() is False)")
+        self.device = usable_device(device)
         if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, int) or reserve_bytes < 0:
             raise ValueError(f"reserve_bytes must be a non-negative integer, not {reserve_bytes!r}")
         count = len(self.store)
