@@ -9,7 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fastload.cli
 import fastload.resident
+import fastload.train
 from fastload import Augment, DeviceLoader, FastLoadDataset, Store, StoreWriter, to_device
 from fastload.resident import DeviceStore
 
@@ -166,3 +168,54 @@ def test_a_dataset_over_another_store_is_refused(store_path, resident, tmp_path)
         writer.extend(np.zeros((N, 6, 5, 3), np.uint8), np.zeros(N))
     with pytest.raises(ValueError, match="another store"):
         resident.loader(FastLoadDataset(other, 8))
+
+
+@pytest.fixture(scope="module")
+def bright_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("resident-train") / "bright.fastload"
+    images = np.random.default_rng(0).integers(0, 256, (40, 8, 8, 3), dtype=np.uint8)
+    with StoreWriter(path, (8, 8, 3)) as writer:
+        writer.extend(images, images.reshape(40, -1).mean(1) / 255.0)
+    return path
+
+
+TRAIN = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True, augment="flip")
+
+
+def close_histories(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if key.startswith(("train_", "val_", "baseline_")):  # not timings
+                assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-9), key
+
+
+def test_fit_on_device_trains_on_the_same_batches(bright_path, monkeypatch):
+    streamed = fastload.train.fit(bright_path, **TRAIN)
+    made = []
+    real = fastload.resident.DeviceStore.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(kwargs.get("indices"))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(fastload.resident.DeviceStore, "__init__", counted)
+    resident = fastload.train.fit(bright_path, on_device=True, **TRAIN)
+    close_histories(resident.history, streamed.history)
+    assert len(made) == 1 and sorted(made[0]) == list(range(40))  # training and validation, once
+    runs = [dict(name="a", lr=1e-3), dict(name="b", lr=3e-2, seed=1)]
+    results = fastload.fit_many(bright_path, runs, on_device=True, **TRAIN)
+    assert len(made) == 2  # one copy for both runs
+    for result, alone in zip(results, fastload.fit_many(bright_path, runs, **TRAIN)):
+        close_histories(result.history, alone.history)
+
+
+def test_on_device_takes_no_workers_and_the_cli_flag_reaches_fit(bright_path, monkeypatch, capsys):
+    with pytest.raises(ValueError, match="workers must be 0"):
+        fastload.train.fit(bright_path, on_device=True, workers=2, **TRAIN)
+    seen = []
+    monkeypatch.setattr(fastload.train, "fit", lambda store, **options: seen.append(options) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        fastload.cli.main(["train", str(bright_path), "--on-device", "--device", "cpu"])
+    assert seen[0]["on_device"] is True

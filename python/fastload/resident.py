@@ -10,6 +10,7 @@ seed, epoch, order, rank share, `set_epoch` and `state_dict`) and converts with 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -188,6 +189,7 @@ class ResidentLoader:
         self._buffers = [torch.empty(shape, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self._read: list = [None, None]  # per buffer, the CUDA event after its last conversion
         self._turn = 0
+        self.waited = 0.0  # host seconds the latest iteration spent queueing gathers (DeviceLoader's figure)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -203,11 +205,15 @@ class ResidentLoader:
         self.dataset.load_state_dict(state)
 
     def __iter__(self) -> Iterator:
+        self.waited = 0.0
         epoch = None
         for records in self.dataset.record_batches():
             if epoch is None:
                 epoch = self.dataset.state_dict()["epoch"]
-            yield self._batch(records, epoch)
+            started = time.perf_counter()
+            batch = self._batch(records, epoch)
+            self.waited += time.perf_counter() - started
+            yield batch
 
     def _batch(self, records: np.ndarray, epoch: int):
         rows = torch.from_numpy(self.resident.rows(records)).to(self.device)

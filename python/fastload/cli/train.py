@@ -165,6 +165,11 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
         help="DataLoader workers; 0 = Rust threads only",
     )
     p.add_argument(
+        "--on-device",
+        action="store_true",
+        help="hold the store on the device as uint8 and gather batches there (no copy per epoch)",
+    )
+    p.add_argument(
         "--threads", type=train_option("threads"), help="torch CPU threads (default: torch's choice)"
     )
     p.add_argument(
@@ -266,6 +271,7 @@ def train_and_report(args: argparse.Namespace) -> int:
         device=args.device,
         amp=args.amp,
         workers=args.workers,
+        on_device=args.on_device,
         checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,

@@ -50,7 +50,10 @@ class TrainConfig:
     is a spec string (:meth:`~fastload.Augment.from_spec`) or the :class:`~fastload.Augment`
     ``from_spec`` returns, and is an ``Augment`` once the config is made (parsed once; its
     ``spec`` is what checkpoints record); its size and seed are the run's ``size`` and
-    ``data_seed``."""
+    ``data_seed``. ``on_device`` holds the records of the run (training and validation) on the
+    device as uint8 (:class:`~fastload.DeviceStore`), uploaded once and gathered there each
+    batch: the same batches, with no host-to-device copy per epoch; every run of a
+    ``fit_many`` group shares the one copy."""
 
     store: Union[Store, PathLike]
     val: Union[Store, PathLike, None] = None
@@ -63,6 +66,7 @@ class TrainConfig:
     device: Union[str, torch.device] = "auto"
     amp: str = "off"
     workers: int = 0
+    on_device: bool = False
     seed: int = 0
     data_seed: Optional[int] = None
     checkpoint: Optional[PathLike] = None
@@ -119,6 +123,12 @@ class TrainConfig:
         check_lattice_size(
             sizes, count, f"num_features {self.num_features} with lattice_size {self.lattice_size}"
         )
+        if not isinstance(self.on_device, bool):
+            raise ValueError(f"on_device must be True or False, not {self.on_device!r}")
+        if self.on_device and self.workers:
+            raise ValueError(
+                f"on_device gathers every batch on the device, so workers must be 0, not {self.workers}"
+            )
         if self.data_seed is None:
             self.data_seed = self.seed
         self.augment = parse_augment(self.augment)  # a bad spec is refused before any data is read

@@ -24,6 +24,7 @@ from fastload.augment import Augment
 from fastload.dataset import FastLoadDataset, split_indices
 from fastload.device import DeviceLoader, to_device
 from fastload.inspect import check_batch_memory
+from fastload.resident import DeviceStore, ResidentLoader
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_same_stores
 from fastload.train.config import TrainConfig
@@ -218,12 +219,17 @@ class DataStream:
         if config.augment.active:
             augment = config.augment.with_size_and_seed(config.size, config.data_seed)
         normalized = {"mean": data.statistics["mean"], "std": data.statistics["std"]}
-        self.train_batches = DeviceLoader(
-            _make_loader(self.train_ds, config.workers, device), device, augment=augment, **normalized
-        )
-        self.val_batches = DeviceLoader(
-            _make_loader(self.val_ds, config.workers, device), device, **normalized
-        )
+        if config.on_device:
+            train_resident, val_resident = _resident_stores(data, device, config.progress)
+            self.train_batches = train_resident.loader(self.train_ds, augment=augment, **normalized)
+            self.val_batches = val_resident.loader(self.val_ds, **normalized)
+        else:
+            self.train_batches = DeviceLoader(
+                _make_loader(self.train_ds, config.workers, device), device, augment=augment, **normalized
+            )
+            self.val_batches = DeviceLoader(
+                _make_loader(self.val_ds, config.workers, device), device, **normalized
+            )
         labels = label_dtype(data.task)
         self.train_prep = BatchPreparer(device, config.size, labels, data.train_monotone)
         self.val_prep = BatchPreparer(device, config.size, labels, data.val_monotone)
@@ -360,7 +366,9 @@ class BatchPreparer:
         return resized(images, self.size), labels.to(self.labels), m
 
 
-def _metered(batches: DeviceLoader, prepare: BatchPreparer, meters: Sequence[EpochMeter]):
+def _metered(
+    batches: Union[DeviceLoader, ResidentLoader], prepare: BatchPreparer, meters: Sequence[EpochMeter]
+):
     """Yields the prepared device batches, adding the time each waited for the source to each
     of ``meters``."""
     counted = 0.0
@@ -369,6 +377,19 @@ def _metered(batches: DeviceLoader, prepare: BatchPreparer, meters: Sequence[Epo
         for meter in meters:
             meter.wait += waited
         yield prepare(batch)
+
+
+def _resident_stores(data: TrainingData, device: torch.device, progress: bool):
+    """The DeviceStores of the training and validation records: one holding both when they
+    come from one store (a validation split), so each record is on the device once."""
+    if data.val_store is data.train_store:
+        both = np.union1d(data.train_indices, data.val_indices)
+        resident = DeviceStore(data.train_store, device, indices=both, progress=progress)
+        return resident, resident
+    return (
+        DeviceStore(data.train_store, device, indices=data.train_indices, progress=progress),
+        DeviceStore(data.val_store, device, indices=data.val_indices, progress=progress),
+    )
 
 
 def _make_loader(dataset: FastLoadDataset, workers: int, device: torch.device):
