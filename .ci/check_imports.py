@@ -44,7 +44,14 @@ LAYERS = [
     ("store", ["fastload.store", "fastload.inspect"]),
     (
         "pipeline",
-        ["fastload.dataset.*", "fastload.device", "fastload.resident", "fastload.augment", "fastload.preview", "fastload.pack.*"],
+        [
+            "fastload.dataset.*",
+            "fastload.device",
+            "fastload.resident",
+            "fastload.augment",
+            "fastload.preview",
+            "fastload.pack.*",
+        ],
     ),
     ("applications", ["fastload.train.*", "fastload.monotonic.*", "fastload.bench.*", "fastload.demo"]),
     ("interface", ["fastload", "fastload.cli.*", "fastload.__main__"]),
