@@ -219,3 +219,43 @@ def test_on_device_takes_no_workers_and_the_cli_flag_reaches_fit(bright_path, mo
     with pytest.raises(ZeroDivisionError):
         fastload.cli.main(["train", str(bright_path), "--on-device", "--device", "cpu"])
     assert seen[0]["on_device"] is True
+
+
+def test_the_bench_row_gathers_on_the_device_beside_device_loader(store_path, tmp_path):
+    import contextlib
+
+    from fastload import bench
+    from fastload.bench.measure import Context, Plan, Skip
+    from fastload.bench.stages import bench_resident, resident_figure
+
+    store = Store(store_path)
+    ctx = Context(
+        path=str(store_path),
+        count=len(store),
+        shape=store.shape,
+        stride=store.stride,
+        images_offset=store.images_offset,
+        file_size=store.file_size,
+        sample=40,
+        labels=np.array(store.labels[:40]),
+        plan=Plan.for_run(quick=True),
+        repeats=1,
+        batch_size=8,
+        workdir=str(tmp_path),
+        cuda=False,
+        resources=contextlib.ExitStack(),
+    )
+    with ctx.resources:
+        with pytest.raises(Skip, match="no GPU to hold the store"):
+            bench_resident(ctx)
+        figure = resident_figure(ctx, "cpu")
+        assert figure.method == "resident, gather on device, float32" and figure.stage == "resident"
+        assert figure.trial() == (40, 40 * 6 * 5 * 3)
+    # Gathering in device memory is bounded by no host copy: its row never makes the memcpy limit wrong.
+    rows = [
+        {"stage": "memcpy", "method": "memcpy", "kind": "limit", "images_per_s": 100.0},
+        {"stage": "resident", "method": figure.method, "kind": "fastload", "images_per_s": 1000.0},
+    ]
+    assert bench.limit_problem(rows) is None
+    rows[1]["stage"] = "gather"
+    assert bench.limit_problem(rows) is not None

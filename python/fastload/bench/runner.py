@@ -39,6 +39,7 @@ from fastload.bench.stages import (
     bench_gather,
     bench_h2d,
     bench_memcpy,
+    bench_resident,
     bench_to_device,
 )
 from fastload.dataset.plan import positive_int
@@ -57,6 +58,7 @@ BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
     "gather": bench_gather,
     "dataset": bench_dataset,
     "to_device": bench_to_device,
+    "resident": bench_resident,
     "memmap": bench_memmap,
     "dataloader": bench_dataloader,
     "jpeg": bench_jpeg,

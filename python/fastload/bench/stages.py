@@ -1,5 +1,5 @@
 """The stages that measure the machine's limits (memcpy, disk, host-to-device link) and
-fastload itself (Store.gather, FastLoadDataset, DeviceLoader), on the same records."""
+fastload itself (Store.gather, FastLoadDataset, DeviceLoader, DeviceStore), on the same records."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fastload import _core
 from fastload.bench.measure import Context, Figure, Skip
 from fastload.dataset import FastLoadDataset
 from fastload.device import DeviceLoader
+from fastload.resident import DeviceStore
 from fastload.store import Store
 
 
@@ -210,3 +211,34 @@ def bench_to_device(ctx: Context) -> List[Figure]:
         epoch(timed)
         figure.extra["per_batch_ms"] = timed.timings()
     return [figure]
+
+
+def bench_resident(ctx: Context) -> List[Figure]:
+    """The sampled records held on the GPU (`fastload.DeviceStore`, uploaded once, untimed) and
+    each batch gathered and converted there: what an epoch costs with no bus in the way, beside
+    DeviceLoader's row. A sample that does not fit the GPU's free memory is named in the skip."""
+    if not ctx.cuda:
+        raise Skip("CUDA is not available (torch.cuda.is_available() is False): no GPU to hold the store")
+    return [resident_figure(ctx, "cuda")]
+
+
+def resident_figure(ctx: Context, device: str) -> Figure:
+    """bench_resident's figure on `device` (the CPU stands in for the GPU in tests)."""
+    channels = ctx.shape[2]
+    indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
+    store = ctx.resources.enter_context(Store(ctx.path))
+    try:
+        resident = DeviceStore(store, device, indices=indices, progress=False)
+    except MemoryError as exc:
+        raise Skip(str(exc)) from None
+    dataset = FastLoadDataset(store, ctx.batch_size, order="random", indices=indices, seed=0)
+    loader = resident.loader(dataset, mean=[0.5] * channels, std=[0.25] * channels)
+
+    def epoch() -> Tuple[float, int]:
+        images = sum(len(x) for x, _ in loader)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return images, images * ctx.image_nbytes
+
+    note = "random order, fastload.DeviceStore: uploaded once as uint8, normalized on the device"
+    return Figure("resident", "resident, gather on device, float32", "fastload", epoch, note)
