@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -358,3 +359,52 @@ def test_targets_give_the_median_of_per_round_ratios_beside_the_ratio_of_medians
     assert not bench.targets(rows, bench.TARGET_MIN_BYTES - 1)[0]["judged"]
     rows[1].pop("seconds")
     assert bench.targets(rows, bench.TARGET_MIN_BYTES)[0]["paired_ratio"] is None
+
+
+def test_a_store_on_a_ram_disk_gets_no_cold_rows_and_a_verdict_without_a_disk(ram_disk_folder, capsys):
+    # #35: on /dev/shm the bench printed cold rows and "the disk bounds only the first epoch".
+    path = os.path.join(ram_disk_folder, "tiny.fastload")
+    images = np.random.default_rng(0).integers(0, 256, (64, 16, 16, 3), dtype=np.uint8)
+    with StoreWriter(path, (16, 16, 3)) as writer:
+        writer.extend(images, np.arange(64.0))
+    results = bench.run(path, quick=True, only="memcpy,disk,gather")
+    methods = [r["method"] for r in results["rows"]]
+    assert "sequential read, warm" in methods and "Store.gather, warm, random" in methods
+    assert not [m for m in methods if "cold" in m]
+    assert results["config"]["storage"]["in_ram"] and results["memory_plan"]["store_in_ram"]
+    assert results["not_cold"].startswith("the store is on tmpfs (/dev/shm), held in RAM: no epoch is cold")
+    assert "sequential read, cold, Store.gather, cold, random" in results["not_cold"]
+    assert "the store is on a RAM disk, so no disk is in the path and no epoch is cold" in results["verdict"]
+    assert "the disk reads" not in results["verdict"]
+    printed = capsys.readouterr().out
+    assert "no cold rows: the store is on tmpfs" in printed
+    assert "the RAM disk already holds these 64" in printed
+
+
+def test_a_store_on_a_disk_keeps_its_cold_rows(quick_run):
+    results, _ = quick_run
+    if results["config"]["storage"]["in_ram"]:
+        pytest.skip("this machine's temporary folder is a RAM disk")
+    assert results["not_cold"] is None and not results["memory_plan"]["store_in_ram"]
+    assert {"sequential read, cold", "Store.gather, cold, random"} <= {r["method"] for r in results["rows"]}
+
+
+def test_the_ram_disk_write_bench_writes_verified_stores_on_both_and_reports_each(ram_disk_folder, tmp_path):
+    script = Path(__file__).parent.parent / "benches" / "bench_ram_disk_write.py"
+    argv = [sys.executable, str(script), "--mb", "2", "--rounds", "1"]
+    done = subprocess.run(
+        argv + ["--ram-dir", ram_disk_folder, "--disk-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("tmpfs: tmpfs at /dev/shm, in RAM True, O_DIRECT taken ")
+    assert [line.split()[:2] for line in lines[3:7]] == [
+        ["tmpfs", "fastload"],
+        ["tmpfs", "buffered"],
+        ["disk", "fastload"],
+        ["disk", "buffered"],
+    ]
+    assert os.listdir(ram_disk_folder) == [] and os.listdir(tmp_path) == []

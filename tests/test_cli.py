@@ -68,9 +68,18 @@ MASKED = [
     # the size of a packed store: its metadata names the source folder, a temporary one
     rf'"file_bytes": {NUMBER}',
 ]
-#: The same, replaced whole: when a store was written, and how many of a diverged parameter's
-#: values went non-finite (overflow spreads through float32 sums in an order the CPU chooses).
-REPLACED = [(r'"created": "[^"]*"', '"created": "<time>"'), (r"\((\d+) of (\d+)\)", r"(N of \2)")]
+#: The same, replaced whole: when a store was written, how many of a diverged parameter's values
+#: went non-finite (overflow spreads through float32 sums in an order the CPU chooses), where the
+#: store lives and this machine's GPU.
+REPLACED = [
+    (r'"created": "[^"]*"', '"created": "<time>"'),
+    (r"\((\d+) of (\d+)\)", r"(N of \2)"),
+    # where the store lives and this machine's GPU (tests/test_inspect.py checks both)
+    (r"(?m)^lives on   .*$", "lives on   <this machine's filesystem>"),
+    (r'"storage": \{[^}]*\}', '"storage": <this machine\'s filesystem>'),
+    (r"(?m)^gpu        .*$", "gpu        <this machine's GPU>"),
+    (r'"gpu": (?:null|\{[^}]*\})', '"gpu": <this machine\'s GPU>'),
+]
 
 
 def normalise(text: str, folders: dict, all_numbers: bool = False) -> str:

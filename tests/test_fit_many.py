@@ -4,6 +4,7 @@ batches, each ending exactly where it would alone; one run stopping without the 
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -430,6 +431,29 @@ def test_pytorchs_vmap_fallback_warning_is_explained_in_fastloads_words():
     assert explained.startswith("stacked runs: PyTorch's vmap has no batched kernel for aten::scatter_.value")
     assert "file us an issue" not in explained and "not to fastload" in explained
     assert fastload.train.explain_warning("something else") == "something else"
+
+
+def test_the_command_prints_a_warning_raised_while_training_in_fastloads_words(
+    store_path, capsys, monkeypatch
+):
+    real = fastload.train.fit_many
+
+    def warns_then_trains(*args, **kwargs):
+        warnings.warn(
+            "There is a performance drop because we have not yet implemented the batching rule for aten::mul. Please file us an issue.",
+            stacklevel=2,
+        )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fastload.train, "fit_many", warns_then_trains)
+    argv = ["train", str(store_path), "--runs", "2", "--lr", "1e-3,1e-2", "--stack", "--epochs", "1"]
+    assert cli.main(argv + CLI_SHARED[2:]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "fastload train: warning: stacked runs: PyTorch's vmap has no batched kernel for aten::mul, so it "
+        "computes that operation one run at a time: the results are the same, the speed-up of --stack is "
+        "smaller (PyTorch's own message asks to report this to PyTorch, not to fastload)"
+    ]
 
 
 def test_epoch_lines_of_a_group_give_img_s_per_run_and_for_all_runs(store_path):

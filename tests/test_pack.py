@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import zlib
 from pathlib import Path
 
@@ -1035,3 +1036,40 @@ def test_no_progress_bar_when_stderr_is_no_terminal_or_quiet(tmp_path, capsys, m
     monkeypatch.setattr(sys, "stderr", Terminal())
     fastload.pack(src, tmp_path / "b.fl", 8, quiet=True)
     assert sys.stderr.getvalue() == ""
+
+
+def test_a_build_without_jpeg_simd_says_so_at_the_start_of_every_pack(tmp_path, monkeypatch, capsys):
+    # #35: pip hides the JPEG library's build warning, so a build without nasm lost SIMD silently.
+    src = classes(tmp_path / "src")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a build with SIMD says nothing
+        if _core.pack_jpeg_simd():
+            fastload.pack(src, tmp_path / "simd.fl", 8, quiet=True)
+    monkeypatch.setattr(_core, "pack_jpeg_simd", lambda: False)
+    for name in ("a.fl", "b.fl"):
+        with pytest.warns(UserWarning) as said:
+            fastload.pack(src, tmp_path / name, 8, quiet=True)
+        assert [str(w.message) for w in said] == [fastload.inspect.NO_JPEG_SIMD]
+        assert "1.4-2.7x slower" in str(said[0].message) and "apt-get install nasm" in str(said[0].message)
+    code, _, err = cli(capsys, src, tmp_path / "c.fl", "--size", "8")
+    assert code == 0
+    assert err.count("warning") == 1
+    assert err.startswith(f"fastload pack: warning: {fastload.inspect.NO_JPEG_SIMD}\n")
+    # Said before any file is read: a pack that fails on its folder has said it too.
+    code, _, err = cli(capsys, tmp_path / "missing", tmp_path / "d.fl")
+    assert code == 1 and err.startswith(
+        "fastload pack: warning: JPEG decoding in this fastload runs without SIMD"
+    )
+
+
+def test_a_pack_onto_a_ram_disk_writes_the_same_store_as_onto_a_disk(ram_disk_folder, tmp_path):
+    # #35: the O_DIRECT writer on tmpfs (which takes O_DIRECT from Linux 6.6, and is written
+    # buffered where it refuses it): the same bytes, verified.
+    src = photo_folder(tmp_path / "src", [f"c{i % 3}/{i}.png" for i in range(30)], size=40)
+    on_disk = fastload.pack(src, tmp_path / "disk.fl", 32, quiet=True)
+    in_ram = fastload.pack(src, os.path.join(ram_disk_folder, "ram.fl"), 32, quiet=True)
+    assert fastload.inspect.storage(in_ram.path)["in_ram"]
+    with fastload.Store(on_disk.path) as a, fastload.Store(in_ram.path) as b:
+        assert a.fingerprint() == b.fingerprint() and len(b) == 30
+        assert b.verify(None) == []
+    assert fastload.inspect.verify(in_ram.path) == []

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastload.cli
+import fastload.inspect
 import fastload.resident
 import fastload.train
 from fastload import Augment, DeviceLoader, FastLoadDataset, Store, StoreWriter, to_device
@@ -126,7 +127,7 @@ def test_a_subset_is_held_and_a_dataset_reading_beyond_it_is_refused(store_path)
 
 def test_a_store_that_does_not_fit_is_refused_before_anything_is_allocated(store_path, monkeypatch):
     record = 6 * 5 * 3 + 8
-    monkeypatch.setattr(fastload.resident, "free_bytes", lambda device: 1000 + 20 * record)
+    monkeypatch.setattr(fastload.inspect, "free_device_bytes", lambda device: 1000 + 20 * record)
     allocated = []
     monkeypatch.setattr(torch, "empty", lambda *a, **k: allocated.append(a))
     with pytest.raises(MemoryError) as refused:
@@ -136,7 +137,7 @@ def test_a_store_that_does_not_fit_is_refused_before_anything_is_allocated(store
     assert "at most 20 records (e.g. indices=range(20))" in message
     assert allocated == []
     monkeypatch.undo()
-    monkeypatch.setattr(fastload.resident, "free_bytes", lambda device: 1000 + 20 * record)
+    monkeypatch.setattr(fastload.inspect, "free_device_bytes", lambda device: 1000 + 20 * record)
     assert len(DeviceStore(store_path, "cpu", indices=range(20), reserve_bytes=1000, progress=False)) == 20
 
 

@@ -1,19 +1,33 @@
 """What a store and this machine hold: the summary behind `fastload info`, the damaged
-records behind `fastload verify`, the memory plan (uint8 records against cached
-float32 tensors, against this machine's RAM and cores), and how this fastload was built
-(`build_info`)."""
+records behind `fastload verify`, where a store lives (`storage`: a disk, or a RAM disk with
+no cold epoch), the memory plan (uint8 records against cached float32 tensors, against this
+machine's RAM and its GPU's free memory), and how this fastload was built (`build_info`)."""
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 
 from fastload import _core
+from fastload.progress import gigabytes
 from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store, shared_class_names
 
-__all__ = ["info", "verify", "memory_plan", "machine_memory", "usable_cores", "build_info", "NO_JPEG_SIMD"]
+__all__ = [
+    "info",
+    "verify",
+    "storage",
+    "memory_plan",
+    "machine_memory",
+    "usable_cores",
+    "build_info",
+    "free_device_bytes",
+    "device_plan",
+    "DEFAULT_RESERVE_BYTES",
+    "NO_JPEG_SIMD",
+]
 
 #: What a build whose JPEG decoder has no SIMD costs, and the fix.
 NO_JPEG_SIMD = (
@@ -51,9 +65,67 @@ def machine_memory() -> int:
         return 0
 
 
-def memory_plan(count: int, shape: Sequence[int], ram_bytes: Optional[int] = None) -> dict:
+#: Filesystems whose files are pages of RAM: reading one is a memory copy (no cold epoch), and
+#: those pages are the RAM the store takes, so mapping it costs no second copy.
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+#: Block devices that are compressed RAM (a filesystem made on /dev/zram0, say).
+RAM_BLOCK_DEVICE = re.compile(r"^/dev/zram\d+$")
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape_mount_field(field: str) -> str:
+    """A mountinfo field with the kernel's octal escapes (space, tab, newline, backslash) undone."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def storage(path: PathLike, mountinfo: str = MOUNTINFO) -> dict:
+    """Where the file at `path` lives: ``filesystem`` (its type, e.g. ext4 or tmpfs),
+    ``mount_point``, ``source`` (the device or name it was mounted from) and ``in_ram``: True
+    on tmpfs and ramfs, and on a zram block device, whose files are already held in RAM (the
+    page cache cannot evict them, so there is no cold epoch, and their RAM is counted once).
+    Read from the kernel's mount table `mountinfo` (see `find_mount`); where it cannot be read
+    (not Linux) every field but ``in_ram`` (False) is None."""
+    real = os.path.realpath(os.fspath(path))
+    st_dev = os.stat(real).st_dev
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            table = f.read().splitlines()
+    except OSError:
+        table = []
+    return find_mount(real, f"{os.major(st_dev)}:{os.minor(st_dev)}", table)
+
+
+def find_mount(real_path: str, device: str, mountinfo_lines: Sequence[str]) -> dict:
+    """`storage`'s answer for `real_path` (resolved) on `device` ("major:minor") from the lines
+    of a mount table: the mount whose mount point is the longest that contains the path,
+    preferring one whose device is the file's, and the later of two over the same point (it
+    hides the earlier)."""
+    best = None  # ((device matches, mount point length), (filesystem, mount point, source))
+    for line in mountinfo_lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 2:
+            continue
+        mount_point = _unescape_mount_field(fields[4])
+        if real_path != mount_point and not real_path.startswith(mount_point.rstrip("/") + "/"):
+            continue
+        rank = (fields[2] == device, len(mount_point))
+        if best is None or rank >= best[0]:
+            best = (rank, (tail[0], mount_point, _unescape_mount_field(tail[1])))
+    if best is None:
+        return {"filesystem": None, "mount_point": None, "source": None, "in_ram": False}
+    filesystem, mount_point, source = best[1]
+    in_ram = filesystem in RAM_FILESYSTEMS or bool(RAM_BLOCK_DEVICE.match(source))
+    return {"filesystem": filesystem, "mount_point": mount_point, "source": source, "in_ram": in_ram}
+
+
+def memory_plan(
+    count: int, shape: Sequence[int], ram_bytes: Optional[int] = None, store_in_ram: bool = False
+) -> dict:
     """What `count` images of `shape` cost as uint8 records and as cached float32 tensors,
-    and how many of each fit in `ram_bytes` (this machine's RAM by default)."""
+    and how many of each fit in `ram_bytes` (this machine's RAM by default). `store_in_ram`:
+    the store is on a RAM disk (`storage`), so its uint8 records already take that RAM, and
+    mapping them adds no second copy."""
     ram = machine_memory() if ram_bytes is None else ram_bytes
     per_image = int(np.prod(shape))
     uint8_bytes = count * (per_image + 8)
@@ -66,7 +138,69 @@ def memory_plan(count: int, shape: Sequence[int], ram_bytes: Optional[int] = Non
         "ram_bytes": ram,
         "fit_in_ram_uint8": ram // (per_image + 8),
         "fit_in_ram_float32": ram // (per_image * 4 + 8),
+        "store_in_ram": store_in_ram,
     }
+
+
+def memory_plan_line(plan: dict) -> str:
+    """The memory plan in words, as `fastload info` and `fastload bench` print it."""
+    line = (
+        f"this machine's {gigabytes(plan['ram_bytes'])} RAM holds {plan['fit_in_ram_uint8']:,} images as "
+        f"uint8, {plan['fit_in_ram_float32']:,} as float32"
+    )
+    if plan.get("store_in_ram"):
+        line += (
+            f"; the RAM disk already holds these {plan['images']:,} ({gigabytes(plan['uint8_bytes'])}), "
+            "and mapping them takes no second copy"
+        )
+    return line
+
+
+#: Device memory left free for the model, its gradients, optimizer state and activations unless
+#: the caller says otherwise: a small CNN at batch 256 needs well under this.
+DEFAULT_RESERVE_BYTES = 4 * 2**30
+
+
+def free_device_bytes(device) -> int:
+    """Memory free on the torch `device` now: the CUDA driver's figure, or the host's available
+    RAM for the CPU (which stands in for the device in tests)."""
+    if device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_plan(records: int, record_bytes: int, device, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> dict:
+    """Whether `records` records of `record_bytes` (image and label) fit on the torch `device`,
+    held there as uint8 (`fastload.DeviceStore`): its free memory less `reserve_bytes` left for
+    the model, the bytes they need, and the most records that fit."""
+    free = free_device_bytes(device)
+    available = max(free - reserve_bytes, 0)
+    needed = records * record_bytes
+    return {
+        "device": str(device),
+        "free_bytes": free,
+        "reserve_bytes": reserve_bytes,
+        "available_bytes": available,
+        "needed_bytes": needed,
+        "fits": needed <= available,
+        "largest_fit": available // record_bytes,
+    }
+
+
+def _gpu_plan(store: Store) -> Optional[dict]:
+    """`device_plan` of the whole store on this machine's first CUDA device; None without one
+    (torch is imported on this first use: `import fastload` needs none)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda", torch.cuda.current_device())
+    plan = device_plan(len(store), store.image_nbytes + store.label_dtype.itemsize, device)
+    return {"name": torch.cuda.get_device_name(device), **plan}
 
 
 def _meta_list(store: Store, key: str) -> Optional[list]:
@@ -115,6 +249,7 @@ def info(path: PathLike) -> dict:
                 if distinct <= MAX_VALUES_COUNTED:
                     stats["values"] = _class_counts(labels, None)
         resident, size = store.resident_bytes()
+        where = storage(store.path)
         return {
             "path": str(store.path),
             "records": len(store),
@@ -124,7 +259,9 @@ def info(path: PathLike) -> dict:
             "labels": stats,
             "file_bytes": size,
             "resident_bytes": resident,
-            "memory": memory_plan(len(store), store.shape),
+            "storage": where,
+            "memory": memory_plan(len(store), store.shape, store_in_ram=where["in_ram"]),
+            "gpu": _gpu_plan(store),
             "meta": {k: v for k, v in store.meta.items() if k not in ("sources", "skipped")},
         }
 

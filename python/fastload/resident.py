@@ -18,32 +18,12 @@ import torch
 
 from fastload.augment import Augment, check_epoch
 from fastload.device import Conversion, usable_device
+from fastload.inspect import DEFAULT_RESERVE_BYTES, device_plan
 from fastload.progress import Progress, gigabytes
 from fastload.store import PathLike, Store, as_indices
 
-#: Device memory left free for the model, its gradients, optimizer state and activations unless
-#: the caller says otherwise: a small CNN at batch 256 needs well under this.
-DEFAULT_RESERVE_BYTES = 4 * 2**30
 #: Bytes a chunk of the upload stages in pinned host memory.
 STAGING_BYTES = 256 * 2**20
-
-
-def free_bytes(device: torch.device) -> int:
-    """Memory free on `device` now: the CUDA driver's figure, or the host's available RAM for
-    the CPU (which stands in for the device in tests)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def resident_bytes(store: Store, records: int) -> int:
-    """Device bytes that `records` records of `store` take when resident (images and labels)."""
-    return records * (store.image_nbytes + store.label_dtype.itemsize)
-
-
-def largest_fit(store: Store, available: int) -> int:
-    """How many records of `store` fit in `available` bytes."""
-    return max(0, available // (store.image_nbytes + store.label_dtype.itemsize))
 
 
 class DeviceStore:
@@ -80,16 +60,17 @@ class DeviceStore:
             )
         if len(np.unique(self.indices)) != len(self.indices):
             raise ValueError("indices name a record more than once: each record is held once")
-        self.nbytes = resident_bytes(self.store, len(self.indices))
-        free = free_bytes(self.device)
-        available = free - reserve_bytes
-        if self.nbytes > available:
-            fits = largest_fit(self.store, max(available, 0))
+        record_bytes = self.store.image_nbytes + self.store.label_dtype.itemsize
+        plan = device_plan(len(self.indices), record_bytes, self.device, reserve_bytes)
+        self.nbytes = plan["needed_bytes"]
+        if not plan["fits"]:
+            fits = plan["largest_fit"]
             raise MemoryError(
                 f"{self.store.path}: {len(self.indices):,} records need {gigabytes(self.nbytes)} on "
-                f"{self.device}, which has {gigabytes(free)} free, {gigabytes(max(available, 0))} after "
-                f"the {gigabytes(reserve_bytes)} reserved for the model (reserve_bytes): pass indices= "
-                f"with at most {fits:,} records (e.g. indices=range({fits})), or a smaller reserve_bytes"
+                f"{self.device}, which has {gigabytes(plan['free_bytes'])} free, "
+                f"{gigabytes(plan['available_bytes'])} after the {gigabytes(reserve_bytes)} reserved for the "
+                f"model (reserve_bytes): pass indices= with at most {fits:,} records "
+                f"(e.g. indices=range({fits})), or a smaller reserve_bytes"
             )
         # Where each store record sits on the device (-1: not resident).
         self._rows = np.full(count, -1, dtype=np.int64)

@@ -105,7 +105,9 @@ class Skip(Exception):
 @dataclass
 class Context:
     """Facts about the benchmarked store, and `resources`: what the warm figures keep open
-    (mappings, pools), closed before the cold figures run (a mapped page cannot be evicted)."""
+    (mappings, pools), closed before the cold figures run (a mapped page cannot be evicted).
+    `storage`: where the store lives (`fastload.inspect.storage`); on a RAM disk no epoch is
+    cold, so no cold figure is measured."""
 
     path: str
     count: int
@@ -121,6 +123,7 @@ class Context:
     workdir: str
     cuda: bool
     resources: ExitStack
+    storage: Dict[str, Any] = field(default_factory=lambda: {"in_ram": False})
 
     @property
     def image_nbytes(self) -> int:

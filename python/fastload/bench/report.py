@@ -13,6 +13,7 @@ import numpy as np
 from fastload._checks import import_optional
 from fastload.bench.measure import INSTALL_EXTRA
 from fastload.files import replace_atomically
+from fastload.inspect import memory_plan_line
 from fastload.progress import gigabytes
 from fastload.store import PathLike
 
@@ -155,6 +156,8 @@ def verdict(rows: List[dict], plan: dict) -> str:
         parts.append("no GPU here, so the host-to-device link was not measured")
     if end_to_end:
         parts.append(f"end to end, normalized float32 batches reach the GPU at {_rate(end_to_end)}")
+    if plan.get("store_in_ram"):
+        parts.append("the store is on a RAM disk, so no disk is in the path and no epoch is cold")
     if cold and disk:
         parts.append(f"a cold epoch delivers {_rate(cold)}, the disk reads {_rate(disk)} sequentially")
         if not fits:
@@ -244,12 +247,13 @@ def report_lines(results: dict) -> List[str]:
     lines = [
         f"skipped {name}: {s['reason']}" for name, s in results["stages"].items() if s["status"] == "skipped"
     ]
+    if results.get("not_cold"):
+        lines.append(f"no cold rows: {results['not_cold']}")
     m = results["memory_plan"]
     h, w, c = m["shape"]
     lines.append(
         f"memory plan: {m['images']:,} images of {h}x{w}x{c} take {gigabytes(m['uint8_bytes'])} as uint8 and "
-        f"{gigabytes(m['float32_bytes'])} as float32; this machine's {gigabytes(m['ram_bytes'])} RAM holds "
-        f"{m['fit_in_ram_uint8']:,} as uint8, {m['fit_in_ram_float32']:,} as float32"
+        f"{gigabytes(m['float32_bytes'])} as float32; {memory_plan_line(m)}"
     )
     for t in results["targets"]:
         paired = (

@@ -44,7 +44,7 @@ from fastload.bench.stages import (
 )
 from fastload.dataset.plan import positive_int
 from fastload.files import output_target, replace_atomically
-from fastload.inspect import check_batch_memory, machine_memory, memory_plan
+from fastload.inspect import check_batch_memory, machine_memory, memory_plan, storage
 from fastload.progress import Progress
 from fastload.store import PathLike, Store, StoreWriter
 
@@ -175,13 +175,17 @@ def run(
                 workdir=workdir,
                 cuda=torch.cuda.is_available(),
                 resources=ExitStack(),
+                storage=storage(path),
             )
         results = _measure(ctx, stages, progress)
     finally:
         progress.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
-    memory = memory_plan(images, (size, size, 3)) if images is not None else memory_plan(ctx.count, ctx.shape)
+    if images is not None:
+        memory = memory_plan(images, (size, size, 3))
+    else:
+        memory = memory_plan(ctx.count, ctx.shape, store_in_ram=ctx.storage["in_ram"])
     machine = describe_machine()
     if not machine["build"]["jpeg_simd"]:
         results["warnings"].append(machine["build"]["jpeg_simd_note"])
@@ -200,6 +204,7 @@ def run(
                 "batch_size": batch_size,
                 "quick": quick,
                 "stages": stages,
+                "storage": ctx.storage,
             },
             "memory_plan": memory,
         }
@@ -226,6 +231,15 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
                 figures.extend(BENCHES[name](ctx))
             except Skip as exc:
                 skipped[name] = str(exc)
+        in_ram_note = None
+        if ctx.storage["in_ram"]:
+            cold = [f.method for f in figures if f.cold]
+            figures = [f for f in figures if not f.cold]
+            if cold:
+                in_ram_note = (
+                    f"the store is on {ctx.storage['filesystem']} ({ctx.storage['mount_point']}), held in RAM: "
+                    f"no epoch is cold, so these rows were not measured: {', '.join(cold)}"
+                )
         run_rounds(ctx, [f for f in figures if not f.cold], progress.say)
         for figure in figures:
             if not figure.cold:
@@ -267,5 +281,6 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
         "fastload_reference": ref.method if ref else None,
         "memcpy_reference": memcpy.method if memcpy else None,
         "limit_problem": wrong_limit,
+        "not_cold": in_ram_note,
         "warnings": noisy,
     }

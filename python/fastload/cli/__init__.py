@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from fastload import StoreError, __version__
@@ -35,6 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    # A warning (classes made from unnamed labels, a JPEG decoder without SIMD, ...) is a line
+    # of the command's output, in the words of its command's `explain_warning`, not Python's
+    # file:line report.
+    explain = getattr(args, "explain_warning", str)
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: print(
+            f"fastload {args.command}: warning: {explain(str(message))}", file=sys.stderr
+        )
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's handler, its errors turned into messages and exit statuses."""
     try:
         return args.run(args)
     except BrokenPipeError:

@@ -1,4 +1,5 @@
-"""`fastload info STORE`: what a store holds, its size, and whether it fits in memory."""
+"""`fastload info STORE`: what a store holds, its size, where it lives, and whether it fits in
+memory and on this machine's GPU."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ def add_parser(commands) -> None:
         "info",
         help="what a store holds, its size, and whether it fits in memory",
         description="Print what STORE holds (records, image shape, labels: classes with their counts, "
-        "or the labels' range), its size on disk and in the page cache, and how many such images this "
-        "machine's RAM holds as uint8 and as float32.",
+        "or the labels' range), its size on disk and in the page cache, where it lives (a disk, or a RAM "
+        "disk: tmpfs, ramfs or zram, with no cold epoch), how many such images this machine's RAM holds "
+        "as uint8 and as float32, and whether the store fits on this machine's GPU (--on-device).",
     )
     p.add_argument("store", metavar="STORE", help="a store file written by `fastload pack` or StoreWriter")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -46,13 +48,38 @@ def run(args: argparse.Namespace) -> int:
             "(numbers, not classes: the store names no classes)"
         )
     size, resident = summary["file_bytes"], summary["resident_bytes"]
-    print(
-        f"on disk    {gigabytes(size)}; in page cache now {gigabytes(resident)} ({100 * resident / max(size, 1):.0f}%), "
-        "shared by every process that maps it (counted in their RSS, owned by none)"
-    )
+    where = summary["storage"]
+    if where["in_ram"]:
+        print(
+            f"in RAM     {gigabytes(size)} on {where['filesystem']} ({where['source']} at {where['mount_point']}): "
+            "a RAM disk, so no epoch is cold, and its pages are the RAM the store takes (counted once)"
+        )
+    else:
+        print(
+            f"on disk    {gigabytes(size)}; in page cache now {gigabytes(resident)} ({100 * resident / max(size, 1):.0f}%), "
+            "shared by every process that maps it (counted in their RSS, owned by none)"
+        )
+        if where["filesystem"] is not None:
+            print(f"lives on   {where['filesystem']} ({where['source']} at {where['mount_point']})")
     print(
         f"as tensors uint8 {gigabytes(mem['uint8_bytes'])} vs cached float32 {gigabytes(mem['float32_bytes'])}; "
-        f"this machine's {gigabytes(mem['ram_bytes'])} RAM holds {mem['fit_in_ram_uint8']:,} images as uint8, "
-        f"{mem['fit_in_ram_float32']:,} as float32"
+        + inspect.memory_plan_line(mem)
     )
+    print(gpu_line(summary["gpu"]))
     return 0
+
+
+def gpu_line(gpu) -> str:
+    """Whether the store fits on this machine's GPU, held there as uint8 (--on-device)."""
+    if gpu is None:
+        return "gpu        none visible here (torch.cuda.is_available() is False)"
+    held = (
+        f"the store's {gigabytes(gpu['needed_bytes'])} fit"
+        if gpu["fits"]
+        else f"the store's {gigabytes(gpu['needed_bytes'])} do not fit: at most {gpu['largest_fit']:,} records do"
+    )
+    return (
+        f"gpu        {gpu['name']}: {gigabytes(gpu['free_bytes'])} free, "
+        f"{gigabytes(gpu['available_bytes'])} after {gigabytes(gpu['reserve_bytes'])} left for the model; "
+        f"{held} resident (fit(on_device=True), --on-device)"
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 from fastload.cli.args import positive_int
 from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS_FILE_BYTES, SCHEDULES, TASKS
@@ -90,7 +89,7 @@ def add_parser(commands) -> None:
     )
     add_loop_arguments(p)
     add_model_arguments(p)
-    p.set_defaults(run=run, parser=p)
+    p.set_defaults(run=run, parser=p, explain_warning=explain)
 
 
 def add_loop_arguments(p: argparse.ArgumentParser) -> None:
@@ -230,19 +229,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-log", metavar="PATH", help="append one JSON line per epoch to PATH")
 
 
+def explain(message: str) -> str:
+    """A warning raised while training, in fastload's words (`fastload.train.explain_warning`)."""
+    from fastload.train import explain_warning
+
+    return explain_warning(message)
+
+
 def run(args: argparse.Namespace) -> int:
-    # A warning (classes made from unnamed labels, ...) is a line of the command's output, not
-    # Python's file:line report.
-    with warnings.catch_warnings():
-        from fastload.train import explain_warning
-
-        warnings.showwarning = lambda message, *_, **__: print(
-            f"fastload train: warning: {explain_warning(str(message))}", file=sys.stderr
-        )
-        return train_and_report(args)
-
-
-def train_and_report(args: argparse.Namespace) -> int:
     from fastload import train
     from fastload.train import runs as train_runs
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from fastload import _core
 from fastload._checks import fspath, is_int
 from fastload.errors import BadFilesError
 from fastload.files import output_target
+from fastload.inspect import NO_JPEG_SIMD
 from fastload.options import RESIZE_MODES
 from fastload.pack.display import display, listed, named, printable, warned
 from fastload.pack.labels import (
@@ -391,6 +393,8 @@ def pack(
         raise ValueError("labels is an empty path; give the labels CSV file")
     csv_path = None if labels is None else Path(labels)
     height, width, rgb_fill = _check_options(size, fill, resize, label_dtype, workers, progress)
+    if not _core.pack_jpeg_simd():
+        warnings.warn(NO_JPEG_SIMD, stacklevel=2)
     if no_labels and csv_path is not None:
         raise ValueError(
             f"no_labels / --no-labels packs without labels: pass it or labels ({csv_path}), not both"
