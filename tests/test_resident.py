@@ -260,3 +260,17 @@ def test_the_bench_row_gathers_on_the_device_beside_device_loader(store_path, tm
     assert bench.limit_problem(rows) is None
     rows[1]["stage"] = "gather"
     assert bench.limit_problem(rows) is not None
+
+
+def test_an_error_other_than_out_of_memory_during_the_upload_is_not_called_one(store_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "empty", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
+
+
+def test_a_device_store_says_what_it_holds_and_where(store_path):
+    resident = DeviceStore(store_path, "cpu", indices=range(10), reserve_bytes=0, progress=False)
+    assert repr(resident) == f"DeviceStore({str(store_path)!r}, 10 records on cpu, 0.000 GB)"
