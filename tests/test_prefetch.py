@@ -210,11 +210,17 @@ def test_ctrl_c_interrupts_a_wait_for_a_batch(store_path):
     Ctrl-C still ends the wait."""
     store = Store(store_path)
     prefetcher = store.prefetcher(np.arange(4), [4])
+    # Python's own Ctrl-C handler, even where the suite was started with SIGINT ignored (a
+    # background job of a shell without job control), which would make this wait endless.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        prefetcher.next()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            prefetcher.next()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 5
     prefetcher.close()
     assert prefetch_threads_settled(0) == []
