@@ -4,10 +4,13 @@ a symbolic link (the link stays, its target is replaced), and gives the new file
 mode or the mode of the file it replaces.
 
 Each writer is tried against copies made here: a character device (a ``mknod`` copy of
-/dev/null), a named pipe, a directory and a symbolic link to an existing output."""
+/dev/null), a named pipe, a directory and a symbolic link to an existing output; against each
+of those named like one of its temporary files, beside the file it writes (none blocks it, none
+is removed or replaced); and against a name as long as a file name may be."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,6 +18,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 
 import numpy as np
@@ -22,7 +26,7 @@ import pytest
 import test_train
 from test_train import FAST
 
-from fastload import StoreWriter, cli
+from fastload import StoreWriter, _core, cli
 from fastload.augment import Augment
 from fastload.pack import pack
 from fastload.preview import save_preview
@@ -227,6 +231,92 @@ def test_a_link_to_a_device_is_refused_and_the_device_left_alone(env, tmp_path, 
     with pytest.raises(ValueError, match="is a symbolic link to .*null, a character device, not a regular"):
         write(env, tmp_path / "out")
     assert stat.S_ISCHR(os.lstat(device).st_mode) and (tmp_path / "out").is_symlink()
+
+
+#: Names of temporary files of ``out``: the current form (.NAME.PID.RANDOM), the Python writers'
+#: former one (.NAME.RANDOM), and a name that is only like them.
+PARTIAL_NAMES = (
+    f".out.4242.0123456789abcdef{_core.PARTIAL_SUFFIX}",
+    f".out.fedcba9876543210{_core.PARTIAL_SUFFIX}",
+    f".out.deadbeef{_core.PARTIAL_SUFFIX}",
+)
+PARTIAL_KINDS = SPECIALS + ("symbolic link",)
+
+
+def finishes(call, fifos=(), seconds=120):
+    """Runs ``call()`` in a thread and fails the test if it has not returned in ``seconds``
+    (then opening each FIFO's write end, which lets a reader blocked opening it go on)."""
+    raised = []
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for fifo in fifos:
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+        pytest.fail(f"still writing after {seconds} s: blocked")
+    if raised:
+        raise raised[0]
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize("kind", PARTIAL_KINDS)
+@pytest.mark.parametrize("write,effect", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_what_is_named_like_a_temporary_file_neither_blocks_a_writer_nor_is_removed(
+    env, tmp_path, write, effect, kind
+):
+    path = tmp_path / "out"
+    path.write_bytes(b"old\n")
+    specials = [tmp_path / name for name in PARTIAL_NAMES]
+    for special in specials:
+        if kind == "symbolic link":
+            special.symlink_to("out")
+        else:
+            make_special(special, kind)
+    before = {special: identity(special) for special in specials}
+    finishes(lambda: write(env, path), fifos=specials if kind == "named pipe" else ())
+    assert {special: identity(special) for special in specials} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *PARTIAL_NAMES])
+    data = path.read_bytes()
+    assert data.startswith(b"old\n") and len(data) > 4 if effect == "append" else data != b"old\n"
+
+
+@pytest.mark.parametrize("write,effect", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_a_name_as_long_as_a_file_name_may_be_is_written(env, tmp_path, write, effect):
+    """Its temporary file's name would be longer than a name may be: it is cut, and a hash of
+    the whole name added, so a dead writer's is still found (rust/output.rs, ``temp_stem``)."""
+    path = tmp_path / ("n" * 255)
+    path.write_bytes(b"old\n")
+    finishes(lambda: write(env, path))
+    data = path.read_bytes()
+    assert data.startswith(b"old\n") and len(data) > 4 if effect == "append" else data != b"old\n"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial left
+
+
+DIES_WRITING = "import os, sys; from fastload.files import PendingOutput; pending = PendingOutput(sys.argv[1]); os._exit(0)"
+
+
+def test_a_dead_writers_temporary_file_of_a_long_name_is_removed_and_a_live_ones_kept(tmp_path):
+    from fastload.files import PendingOutput, replace_atomically
+
+    path = tmp_path / ("é" * 127)  # 254 bytes
+    subprocess.run([sys.executable, "-c", DIES_WRITING, path], check=True, timeout=120)
+    (dead,) = [p for p in tmp_path.iterdir() if p.name.endswith(_core.PARTIAL_SUFFIX)]
+    live = PendingOutput(path, "preview")
+    with replace_atomically(path, "preview") as f:
+        f.write(b"new")
+    assert path.read_bytes() == b"new" and not dead.exists()
+    assert len(list(tmp_path.iterdir())) == 2  # the live writer's is kept
+    live.discard()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_a_replaced_store_written_through_a_link_holds_the_new_records(tmp_path):
