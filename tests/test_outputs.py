@@ -11,6 +11,7 @@ is removed or replaced); and against a name as long as a file name may be."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -451,3 +452,31 @@ def test_a_failed_model_save_names_the_file_not_torch_internals(estimator, tmp_p
     with pytest.raises(OSError, match=f"cannot write the model file {tmp_path / 'm.pt'}: No space left"):
         estimator.save(tmp_path / "m.pt")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_core_pending_file_commits_at_the_end_of_a_block_and_names_its_failures(tmp_path):
+    """``_core.PendingFile``, the primitive under every Python writer: written through its
+    descriptor, moved into place when the block ends (or never, on an exception), its OS
+    failures OSErrors with their errno naming the file and what it is for."""
+    path = tmp_path / "out"
+    with _core.PendingFile(path, "preview") as pending:
+        os.write(pending.fileno(), b"new")
+        assert not path.exists()
+    assert path.read_bytes() == b"new" and pending.target == os.fspath(path)
+    with pytest.raises(ValueError, match="the preview is already committed or discarded"):
+        pending.fileno()
+    with pytest.raises(KeyError), _core.PendingFile(path, "preview") as pending:
+        os.write(pending.fileno(), b"lost")
+        raise KeyError
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["out"]
+    missing = tmp_path / "no" / "out"
+    with pytest.raises(OSError) as failed:
+        _core.PendingFile(missing, "checkpoint")
+    assert failed.value.errno == errno.ENOENT
+    assert str(failed.value) == (
+        f"[Errno 2] cannot create a file beside the checkpoint {missing}: No such file or directory"
+    )
+    with pytest.raises(OSError) as failed:
+        _core.append_output(tmp_path / "out" / "log", b"x", "JSON log")
+    assert failed.value.errno == errno.ENOTDIR and "cannot write the JSON log" in str(failed.value)
+    assert _core.file_kind(os.lstat(tmp_path).st_mode) == "a directory"
