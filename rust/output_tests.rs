@@ -257,23 +257,15 @@ fn what_is_named_like_a_partial_but_is_not_a_regular_file_is_left_alone_without_
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.bin");
     std::fs::write(&path, b"old").unwrap();
-    let specials = [
-        (temp_path(&path), libc::S_IFIFO | 0o600),
-        (temp_path(&path), libc::S_IFCHR | 0o600),
-    ];
-    for (special, mode) in &specials {
-        let c_path = std::ffi::CString::new(special.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; (1, 3) are /dev/null's numbers.
-        let made = unsafe { libc::mknod(c_path.as_ptr(), *mode, libc::makedev(1, 3)) };
-        if made != 0 {
-            assert_eq!(*mode & libc::S_IFMT, libc::S_IFCHR, "mkfifo failed");
-            return; // not root: no device to try
-        }
-    }
+    mkfifo(&temp_path(&path));
+    let device = std::ffi::CString::new(temp_path(&path).as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; (1, 3) are /dev/null's numbers. Fails unless root:
+    // then there is no device to try.
+    unsafe { libc::mknod(device.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) };
     std::fs::create_dir(temp_path(&path)).unwrap();
     std::os::unix::fs::symlink("a.bin", temp_path(&path)).unwrap();
     let before = dir_entries(dir.path());
-    assert_eq!(before.len(), 5);
+    assert!(before.len() >= 4, "{before:?}");
     remove_stale_partials(&path);
     write(&path, b"new", true).unwrap();
     assert_eq!(dir_entries(dir.path()), before);

@@ -78,8 +78,9 @@ class PendingOutput:
         self.what = what
         self.pending = _core.PendingFile(self.path, what, True)
         self.target: str = self.pending.target
-        # The descriptor stays the PendingFile's: closing this only flushes it.
-        self.file: BinaryIO = os.fdopen(self.pending.fileno(), "wb", closefd=False)
+        # A descriptor of its own (sharing the file's lock), so that this file, however late
+        # it is closed, never writes to a number the PendingFile has closed.
+        self.file: BinaryIO = os.fdopen(os.dup(self.pending.fileno()), "wb")
         self.committed = False
 
     def write(self, writer: Writer) -> None:
