@@ -290,6 +290,23 @@ def test_what_is_named_like_a_temporary_file_neither_blocks_a_writer_nor_is_remo
     assert data.startswith(b"old\n") and len(data) > 4 if effect == "append" else data != b"old\n"
 
 
+@pytest.mark.safety
+def test_a_group_of_files_is_written_past_named_pipes_named_like_their_temporary_files(tmp_path):
+    """write_together (a fit_many group's checkpoints) cleans up beside every file of the group."""
+    from fastload.files import write_together
+
+    paths = [tmp_path / "run0.ckpt", tmp_path / "run1.ckpt"]
+    fifos = [tmp_path / f".{p.name}.0123456789abcdef{_core.PARTIAL_SUFFIX}" for p in paths]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    for version in (b"one", b"two"):  # the first save, then one that moves the first aside
+        files = [(os.fspath(p), lambda f, v=version: f.write(v)) for p in paths]
+        finishes(lambda files=files: write_together(files, "checkpoint"), fifos)
+        assert [p.read_bytes() for p in paths] == [version, version]
+    assert all(stat.S_ISFIFO(os.lstat(fifo).st_mode) for fifo in fifos)
+    assert len(list(tmp_path.iterdir())) == 4  # no partial, no .previous left
+
+
 @pytest.mark.parametrize("write,effect", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
 def test_a_name_as_long_as_a_file_name_may_be_is_written(env, tmp_path, write, effect):
     """Its temporary file's name would be longer than a name may be: it is cut, and a hash of
