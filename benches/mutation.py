@@ -97,14 +97,16 @@ ALL_RUST_TESTS = [
     "prefetch::",
     "store::",
     "writer::",
+    "output::",
     "direct_write::",
 ]
-QUICK_WRITER_TESTS = ["writer::", "direct_write::", "store::", "gather::", "prefetch::"]
+QUICK_WRITER_TESTS = ["writer::", "output::", "direct_write::", "store::", "gather::", "prefetch::"]
 RUST_TESTS = {
     "rust/format.rs": ALL_RUST_TESTS,
     "rust/gather.rs": ALL_RUST_TESTS,
     "rust/prefetch.rs": ["prefetch::", "gather::", "store::"],
     "rust/writer.rs": QUICK_WRITER_TESTS,
+    "rust/output.rs": QUICK_WRITER_TESTS,  # the output rule, moved out of writer.rs (#37)
     "rust/direct_write.rs": QUICK_WRITER_TESTS,
     "rust/store.rs": ALL_RUST_TESTS,
 }

@@ -35,6 +35,13 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// No temporary file could be made beside the output `path` (StoreError for a store,
+    /// OSError for the Python writers, with the OS reason).
+    #[error("{path}: cannot create a temporary file beside it: {source}")]
+    Beside {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// An index outside the store (IndexError in Python).
     #[error("index {index} is out of range for a store of {len} records")]
     Index { index: i64, len: u64 },

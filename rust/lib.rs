@@ -7,6 +7,7 @@ pub mod direct_write;
 pub mod error;
 pub mod format;
 pub mod gather;
+pub mod output;
 pub mod pack;
 pub mod pagecache;
 pub mod pool;

@@ -1,50 +1,34 @@
 //! Atomic store writer: records stream into a temporary file beside the destination,
 //! which is fsynced and renamed into place on commit. A reader never sees a half-written
-//! store, and an interrupted write leaves nothing at the destination. Each writer owns
-//! its temporary file (a random name, created with O_EXCL) and holds an exclusive flock
-//! on it for its whole life; that lock, not a process id, tells a cleanup it is alive.
+//! store, and an interrupted write leaves nothing at the destination. The temporary file,
+//! its lock and its move into place are the output rule's (`output.rs`, [`PendingFile`]);
+//! this file lays out the store in it.
 
-use std::collections::hash_map::RandomState;
-use std::ffi::{OsStr, OsString};
-use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, Hasher};
 use std::io::{Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::direct_write::DirectWriter;
 use crate::error::{Error, FormatError, Result};
 use crate::format::{
     image_bytes, meta_shape, record_checksum, Header, LabelDtype, HEADER_SIZE, MAX_META_LEN,
 };
+use crate::output::PendingFile;
 
-/// Suffix of temporary files; `fastload` removes the ones no live writer holds.
-pub const PARTIAL_SUFFIX: &str = ".fastload-partial";
-/// Longest file name most filesystems allow, in bytes.
-const NAME_MAX: usize = 255;
-/// Bytes a temporary name adds to its stem: `.` + `.PID` (10 digits at most) + `.RANDOM` + suffix.
-const TEMP_NAME_EXTRA: usize = 1 + 11 + 17 + PARTIAL_SUFFIX.len();
 /// Bytes of records handed to the kernel, past which the writer asks it to start sending them
 /// to the disk (see [`StoreWriter::start_writeback`]).
 const WRITEBACK_BYTES: u64 = 16 << 20;
-/// Attempts at a fresh temporary file before giving up (each one collides only by sheer chance
-/// or by losing a race with another writer's cleanup).
-const CREATE_ATTEMPTS: usize = 8;
 
 pub struct StoreWriter {
     dest: PathBuf,
-    /// Where the store goes: `dest`, or the file a symbolic link at `dest` points to.
-    target: PathBuf,
+    /// The temporary file by the output rule (`rust/output.rs`); None once committed.
+    output: Option<PendingFile>,
+    /// Its path, which errors while writing name.
     temp: PathBuf,
+    /// The writer over a second descriptor of the temporary file (sharing its lock).
     out: Option<DirectWriter>,
     shape: (u32, u32, u32),
     label_dtype: LabelDtype,
-    overwrite: bool,
     image_len: usize,
     padding: Vec<u8>,
     labels: Vec<u8>,
@@ -52,236 +36,6 @@ pub struct StoreWriter {
     count: u64,
     /// Bytes of the temporary file whose writeback has been started (from its start).
     writeback_started: u64,
-}
-
-/// The part of a temporary name that ties it to its destination: the destination's name,
-/// or, when that would push the temporary name past NAME_MAX, a prefix of it plus a hash
-/// of the whole name (so the cleanup still finds the partials of this destination only).
-fn temp_stem(name: &OsStr) -> OsString {
-    let bytes = name.as_bytes();
-    if bytes.len() + TEMP_NAME_EXTRA <= NAME_MAX {
-        return name.to_owned();
-    }
-    let hash = format!("~{:016x}", xxh3_64(bytes));
-    let mut keep = NAME_MAX - TEMP_NAME_EXTRA - hash.len();
-    // Cut between characters, not inside a UTF-8 sequence.
-    while keep > 0 && bytes[keep] & 0xC0 == 0x80 {
-        keep -= 1;
-    }
-    let mut stem = bytes[..keep].to_vec();
-    stem.extend_from_slice(hash.as_bytes());
-    OsString::from_vec(stem)
-}
-
-/// 64 random bits from the standard library's per-process random hash keys.
-fn random_u64() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.finish()
-}
-
-/// `.STEM.PID.RANDOM.fastload-partial` beside `target`: hidden, named after its destination
-/// and its writer's process id (for people), unique by its random part (PIDs repeat across
-/// containers sharing a volume, and within one process for two writers).
-fn temp_path(target: &Path) -> PathBuf {
-    let mut name = OsString::from(".");
-    name.push(temp_stem(target.file_name().unwrap_or_default()));
-    name.push(format!(
-        ".{}.{:016x}{PARTIAL_SUFFIX}",
-        std::process::id(),
-        random_u64()
-    ));
-    target.with_file_name(name)
-}
-
-/// Whether `file_name` is a temporary file of the destination named `name`: the current
-/// `.STEM.PID.RANDOM` form or the older `.NAME.PID` one.
-fn is_partial_of(file_name: &OsStr, name: &OsStr) -> bool {
-    let Some(rest) = file_name
-        .as_bytes()
-        .strip_prefix(b".")
-        .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
-    else {
-        return false;
-    };
-    let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
-    // PID, then `.` and 16 hex digits.
-    let current = after(rest, temp_stem(name).as_bytes()).is_some_and(|t| {
-        t.len() > 17 && {
-            let (pid, random) = t.split_at(t.len() - 17);
-            digits(pid) && random[0] == b'.' && random[1..].iter().all(u8::is_ascii_hexdigit)
-        }
-    });
-    current || after(rest, name.as_bytes()).is_some_and(digits)
-}
-
-/// What follows `stem` and a dot at the start of `rest`.
-fn after<'a>(rest: &'a [u8], stem: &[u8]) -> Option<&'a [u8]> {
-    rest.strip_prefix(stem)?.strip_prefix(b".")
-}
-
-/// Takes an exclusive lock on `file` without waiting. False when another open file holds
-/// it (flock locks belong to open files, so two writers in one process exclude each other too).
-fn try_lock(file: &File) -> std::io::Result<()> {
-    // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Whether `path` still names the very file `file` has open.
-fn still_names(path: &Path, file: &File) -> bool {
-    match (std::fs::symlink_metadata(path), file.metadata()) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
-}
-
-/// Removes temporary files left for `dest` by writers that are gone: a partial whose lock
-/// can be taken has no live writer (each writer holds its lock for its whole life), whatever
-/// process ids say across PID namespaces. Locked ones, and files it cannot open, stay.
-pub fn remove_stale_partials(dest: &Path) {
-    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
-        return;
-    };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if !is_partial_of(&entry.file_name(), name) {
-            continue;
-        }
-        let path = entry.path();
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-        else {
-            continue;
-        };
-        if try_lock(&file).is_ok() && still_names(&path, &file) {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-}
-
-/// Creates a fresh temporary file beside `target` and locks it. A new name each attempt:
-/// O_EXCL refuses a name that exists, and a file another writer's cleanup took from under
-/// us between creating and locking it (it was briefly unlocked) is given up.
-fn create_locked_temp(dest: &Path, target: &Path) -> Result<(PathBuf, File)> {
-    let cannot = |e: std::io::Error| {
-        // Name the destination: the user never chose the temporary file's name.
-        let reason = format!("cannot create a temporary file beside it: {e}");
-        Error::io(dest, std::io::Error::new(e.kind(), reason))
-    };
-    for _ in 0..CREATE_ATTEMPTS {
-        let temp = temp_path(target);
-        let file = match OpenOptions::new().write(true).create_new(true).open(&temp) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(cannot(e)),
-        };
-        match try_lock(&file) {
-            Ok(()) if still_names(&temp, &file) => return Ok((temp, file)),
-            // Taken by a cleanup that will remove it, or already removed: try a new name.
-            Ok(()) => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => continue,
-            // A filesystem without flock: cleanups there cannot lock either, so they never
-            // remove this file; go on unlocked.
-            Err(_) => return Ok((temp, file)),
-        }
-    }
-    Err(cannot(std::io::Error::other(format!(
-        "{CREATE_ATTEMPTS} attempts at a fresh name failed"
-    ))))
-}
-
-/// What a file of this type is, in words ("a character device"), as errors name it.
-pub fn file_kind(kind: &std::fs::FileType) -> &'static str {
-    if kind.is_file() {
-        "a regular file"
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_symlink() {
-        "a symbolic link"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_fifo() {
-        "a named pipe"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "a special file"
-    }
-}
-
-/// Where a write to `dest` lands: `dest` itself, or the existing file a symbolic link at
-/// `dest` points to (with `overwrite` that file is replaced and the link stays; without it
-/// the link is only looked through, to refuse what it leads to). A dangling link is refused.
-fn resolve_target(dest: &Path) -> Result<PathBuf> {
-    let is_link = std::fs::symlink_metadata(dest).is_ok_and(|m| m.file_type().is_symlink());
-    if !is_link {
-        return Ok(dest.to_path_buf());
-    }
-    match std::fs::canonicalize(dest) {
-        Ok(target) => Ok(target),
-        Err(e) => {
-            let link = std::fs::read_link(dest).unwrap_or_default();
-            Err(Error::Value(format!(
-                "store {} is a symbolic link to {}, which does not resolve ({e}); remove the link or write to a real path",
-                dest.display(),
-                link.display()
-            )))
-        }
-    }
-}
-
-/// The output rule (docs/RELIABILITY.md): a store may replace only a regular file. Anything
-/// else at `target` (where a write to `dest` lands), a directory, a device, a named pipe, a
-/// socket, is refused naming `dest` and what stands there; returns the regular file's
-/// metadata, or None when nothing is there.
-fn check_replaceable(dest: &Path, target: &Path) -> Result<Option<std::fs::Metadata>> {
-    let metadata = match std::fs::symlink_metadata(target) {
-        Ok(metadata) => metadata,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(dest, e)),
-    };
-    if metadata.file_type().is_file() {
-        return Ok(Some(metadata));
-    }
-    let kind = file_kind(&metadata.file_type());
-    let what = if target == dest {
-        kind.to_string()
-    } else {
-        format!("a symbolic link to {}, {kind}", target.display())
-    };
-    Err(Error::Value(format!(
-        "store {} is {what}, not a regular file: fastload only replaces regular files; choose another path",
-        dest.display()
-    )))
-}
-
-fn fsync_dir(path: &Path) {
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
 }
 
 impl StoreWriter {
@@ -295,23 +49,12 @@ impl StoreWriter {
         let dest = dest.as_ref().to_path_buf();
         // Validates the shape with the same rules a reader applies.
         Header::new(0, shape, label_dtype, 0).map_err(|e| Error::Value(e.to_string()))?;
-        if dest.file_name().is_none() {
-            return Err(Error::Value(format!("{}: not a file path", dest.display())));
-        }
-        let resolved = resolve_target(&dest)?;
-        check_replaceable(&dest, &resolved)?;
-        let target = if overwrite { resolved } else { dest.clone() };
-        if !overwrite && dest.exists() {
-            return Err(Error::io(
-                &dest,
-                std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "already exists (pass overwrite to replace it)",
-                ),
-            ));
-        }
-        remove_stale_partials(&target);
-        let (temp, file) = create_locked_temp(&dest, &target)?;
+        let output = PendingFile::create(&dest, "store", overwrite)?;
+        let temp = output.temp().to_path_buf();
+        let file = output
+            .file()?
+            .try_clone()
+            .map_err(|e| Error::io(&temp, e))?;
         let mut out = DirectWriter::new(file, 8 << 20);
         out.write_all(&[0u8; HEADER_SIZE])
             .map_err(|e| Error::io(&temp, e))?;
@@ -319,12 +62,11 @@ impl StoreWriter {
         let stride = Header::new(1, shape, label_dtype, 0).unwrap().stride as usize;
         Ok(StoreWriter {
             dest,
-            target,
+            output: Some(output),
             temp,
             out: Some(out),
             shape,
             label_dtype,
-            overwrite,
             image_len,
             padding: vec![0u8; stride - image_len],
             labels: Vec::new(),
@@ -471,84 +213,25 @@ impl StoreWriter {
         let mut file = out.into_inner().map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         file.write_all(&header.encode()).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        // The file stays open, and locked, until it is in place: a cleanup never takes it.
-        self.publish()?;
-        drop(file);
-        Ok(self.dest.clone())
-    }
-
-    /// Moves the finished temporary file to the destination (the target of a link there,
-    /// with `overwrite`), without replacing an existing file unless `overwrite` was given
-    /// (a hard link fails if the name exists). With `overwrite` the output rule is checked
-    /// again just before the rename: the destination must still lead to the same place and
-    /// hold a regular file (whose mode the new store takes) or nothing.
-    fn publish(&mut self) -> Result<()> {
-        if self.overwrite {
-            if resolve_target(&self.dest)? != self.target {
-                return Err(Error::Value(format!(
-                    "store {} changed while it was written (it no longer leads to {}); nothing was replaced",
-                    self.dest.display(),
-                    self.target.display()
-                )));
-            }
-            if let Some(replaced) = check_replaceable(&self.dest, &self.target)? {
-                std::fs::set_permissions(&self.temp, replaced.permissions())
-                    .map_err(|e| Error::io(&self.dest, e))?;
-            }
-            std::fs::rename(&self.temp, &self.target).map_err(|e| Error::io(&self.dest, e))?;
-        } else {
-            match std::fs::hard_link(&self.temp, &self.dest) {
-                Ok(()) => {
-                    let _ = std::fs::remove_file(&self.temp);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return Err(Error::io(
-                        &self.dest,
-                        std::io::Error::new(
-                            e.kind(),
-                            "already exists (pass overwrite to replace it)",
-                        ),
-                    ));
-                }
-                // Filesystems without hard links: check, then rename (not atomic against a racing creator).
-                Err(_) if !self.dest.exists() => {
-                    std::fs::rename(&self.temp, &self.dest)
-                        .map_err(|e| Error::io(&self.dest, e))?;
-                }
-                Err(e) => return Err(Error::io(&self.dest, e)),
-            }
-        }
-        fsync_dir(&self.target);
-        self.temp = PathBuf::new();
-        Ok(())
+        let output = self
+            .output
+            .take()
+            .ok_or_else(|| Error::Value("the writer is already committed or discarded".into()))?;
+        // fsyncs (through its own descriptor of the same file) and moves it into place.
+        output.commit()
     }
 
     /// Throws away everything written so far; the destination is untouched.
-    pub fn discard(mut self) {
-        self.cleanup();
-    }
-
-    /// Removes this writer's own temporary file, then closes it (releasing the lock).
-    fn cleanup(&mut self) {
-        if !self.temp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.temp);
-            self.temp = PathBuf::new();
-        }
-        self.out = None;
-    }
-}
-
-impl Drop for StoreWriter {
-    fn drop(&mut self) {
-        self.cleanup();
-    }
+    pub fn discard(self) {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::tests::dir_entries;
     use crate::store::Store;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
 
     fn write(path: &Path, n: usize, overwrite: bool) -> Result<PathBuf> {
         let mut w = StoreWriter::create(path, (2, 3, 1), LabelDtype::Float64, overwrite)?;
@@ -561,15 +244,6 @@ mod tests {
     /// A writer of 2x3x1 records with int64 labels, refusing to replace a file at `path`.
     fn new_writer(path: &Path) -> StoreWriter {
         StoreWriter::create(path, (2, 3, 1), LabelDtype::Int64, false).unwrap()
-    }
-
-    fn dir_entries(dir: &Path) -> Vec<String> {
-        let mut v: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
     }
 
     #[test]
@@ -624,22 +298,6 @@ mod tests {
         assert_eq!(Store::open(&path).unwrap().len(), 2);
         write(&path, 3, true).unwrap();
         assert_eq!(Store::open(&path).unwrap().len(), 3);
-        assert_eq!(dir_entries(dir.path()), vec!["a.bin"]);
-    }
-
-    #[test]
-    fn a_file_created_at_the_destination_meanwhile_is_not_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.bin");
-        let mut w = new_writer(&path);
-        w.append(&[1u8; 6], [0u8; 8]).unwrap();
-        std::fs::write(&path, b"theirs").unwrap();
-        let message = w.commit("{}").unwrap_err().to_string();
-        assert!(
-            message.contains("already exists (pass overwrite to replace it)"),
-            "{message}"
-        );
-        assert_eq!(std::fs::read(&path).unwrap(), b"theirs");
         assert_eq!(dir_entries(dir.path()), vec!["a.bin"]);
     }
 
@@ -746,78 +404,6 @@ mod tests {
     }
 
     #[test]
-    fn unlocked_partials_are_removed_whatever_their_pid() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.bin");
-        // Our own, live, pid in an old-style name: stale all the same, as nothing locks it.
-        let old_style = dir
-            .path()
-            .join(format!(".a.bin.{}.fastload-partial", std::process::id()));
-        std::fs::write(&old_style, b"partial").unwrap();
-        std::fs::write(temp_path(&path), b"partial").unwrap();
-        let keep = [
-            "unrelated.txt",
-            ".a.bin.old.5.fastload-partial",
-            ".a.bin.5.notahexnumber!!.fastload-partial",
-            ".a.bin.x5.0123456789abcdef.fastload-partial",
-            ".b.bin.5.fastload-partial",
-        ];
-        for name in keep {
-            std::fs::write(dir.path().join(name), b"keep").unwrap();
-        }
-        write(&path, 1, false).unwrap();
-        let mut want: Vec<_> = keep.iter().map(|s| s.to_string()).collect();
-        want.push("a.bin".into());
-        want.sort();
-        assert_eq!(dir_entries(dir.path()), want);
-    }
-
-    #[test]
-    fn a_named_pipe_named_like_a_partial_is_cleaned_up_without_blocking() {
-        // Opening a FIFO for reading blocks until a writer comes, unless O_NONBLOCK.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.bin");
-        let fifo = temp_path(&path);
-        let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-        remove_stale_partials(&path);
-        assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
-    }
-
-    #[test]
-    fn a_path_names_its_file_until_another_file_is_moved_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, other) = (dir.path().join("a"), dir.path().join("b"));
-        let file = File::create(&path).unwrap();
-        assert!(still_names(&path, &file));
-        std::fs::write(&other, b"other").unwrap();
-        std::fs::rename(&other, &path).unwrap();
-        assert!(!still_names(&path, &file));
-        std::fs::remove_file(&path).unwrap();
-        assert!(!still_names(&path, &file));
-    }
-
-    #[test]
-    fn errors_other_than_a_missing_file_are_reported_as_they_are() {
-        let dir = tempfile::tempdir().unwrap();
-        // A missing folder: no new name would help, so no retries and the system's reason.
-        let dest = dir.path().join("missing").join("a.bin");
-        let message = create_locked_temp(&dest, &dest).unwrap_err().to_string();
-        assert!(message.contains("No such file or directory"), "{message}");
-        assert!(message.contains(&dest.display().to_string()), "{message}");
-        // A path under a regular file is an error, not "nothing there".
-        std::fs::write(dir.path().join("file"), b"").unwrap();
-        let under_a_file = dir.path().join("file").join("a.bin");
-        assert!(check_replaceable(&under_a_file, &under_a_file).is_err());
-        assert!(
-            check_replaceable(&dir.path().join("new.bin"), &dir.path().join("new.bin"))
-                .unwrap()
-                .is_none()
-        );
-    }
-
-    #[test]
     fn a_writer_counts_its_records() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = new_writer(&dir.path().join("a.bin"));
@@ -878,75 +464,6 @@ mod tests {
             (6, &[102u8; 6][..], vec![])
         );
         assert_eq!(dir_entries(dir.path()), vec!["a.bin"]);
-    }
-
-    #[test]
-    fn temporary_names_fit_name_max_and_are_found_again() {
-        let dir = tempfile::tempdir().unwrap();
-        for name in [1, 200, 209, 210, NAME_MAX]
-            .map(|len| "n".repeat(len))
-            .into_iter()
-            .chain([format!("n{}", "é".repeat(127))])
-        {
-            let path = dir.path().join(&name);
-            let temp = temp_path(&path);
-            assert!(temp.file_name().unwrap().len() <= NAME_MAX, "{name}");
-            assert!(temp.file_name().unwrap().to_str().is_some(), "{name}");
-            assert!(is_partial_of(
-                temp.file_name().unwrap(),
-                path.file_name().unwrap()
-            ));
-            std::fs::write(&temp, b"stale").unwrap();
-            write(&path, 2, false).unwrap();
-            assert_eq!(Store::open(&path).unwrap().len(), 2);
-            assert_eq!(dir_entries(dir.path()), vec![name]);
-            std::fs::remove_file(&path).unwrap();
-        }
-        // A long name's shortened stem does not match its neighbours'.
-        let a = OsString::from("x".repeat(250));
-        let b = OsString::from(format!("{}y", "x".repeat(249)));
-        assert!(!is_partial_of(
-            temp_path(Path::new(&a)).file_name().unwrap(),
-            &b
-        ));
-    }
-
-    #[test]
-    fn temporary_names_fit_name_max_even_for_the_widest_process_id() {
-        let widest = format!("..{}.{:016x}{PARTIAL_SUFFIX}", u32::MAX, u64::MAX);
-        assert_eq!(widest.len(), TEMP_NAME_EXTRA);
-        let kept = NAME_MAX - TEMP_NAME_EXTRA; // 209: the longest name kept whole
-        for name in [kept, kept + 1, NAME_MAX]
-            .map(|len| "n".repeat(len))
-            .into_iter()
-            .chain([format!("n{}", "é".repeat(127)), "é".repeat(127)])
-        {
-            let stem = temp_stem(OsStr::new(&name));
-            let stem = stem.to_str().expect("a stem cut between characters");
-            assert!(stem.len() + TEMP_NAME_EXTRA <= NAME_MAX, "{name}");
-            if name.len() <= kept {
-                assert_eq!(stem, name);
-            } else {
-                // A readable prefix of the name, then its hash.
-                assert!(stem.len() >= kept - 3 && name.starts_with(&stem[..stem.len() - 17]));
-                assert!(stem.ends_with(&format!("~{:016x}", xxh3_64(name.as_bytes()))));
-            }
-        }
-    }
-
-    #[test]
-    fn a_long_name_that_is_not_utf8_still_gets_a_temporary_name() {
-        // Linux names are bytes: 250 UTF-8 continuation bytes have no character boundary.
-        let name = OsString::from_vec(vec![0x80; 250]);
-        let stem = temp_stem(&name);
-        assert_eq!(
-            stem,
-            OsString::from(format!("~{:016x}", xxh3_64(name.as_bytes())))
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(&name);
-        write(&path, 1, false).unwrap();
-        assert_eq!(Store::open(&path).unwrap().len(), 1);
     }
 
     #[test]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fastload import Augment, Store, StoreError, StoreWriter
-from fastload.dataset import FastLoadDataset, split_indices, to_device
-from fastload.device import DeviceLoader
+from fastload.dataset import FastLoadDataset, split_indices
+from fastload.device import DeviceLoader, to_device
 from fastload.inspect import info, verify
 from fastload.pack import pack
 from fastload.preview import save_preview

@@ -18,6 +18,7 @@ import torch
 
 import fastload
 from fastload import cli
+from fastload.files import PendingOutput
 from fastload.store import StoreWriter
 from fastload.train import fit
 from fastload.train.checkpoint import check_same_stores, load_checkpoint, load_group
@@ -115,16 +116,16 @@ def test_a_group_save_that_fails_for_one_run_keeps_the_last_common_step(store_pa
 
 
 def test_a_failed_rename_puts_the_previous_set_back(store_path, tmp_path, monkeypatch):
-    real, renames = os.replace, []
+    real, commits = PendingOutput.commit, []
 
-    def replace(src, dst):
-        if str(src).endswith(".fastload-partial"):
-            renames.append(dst)
-            if len(renames) == 4:  # run1's new file at step 4, after run0's is in place
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real(src, dst)
+    def commit(self):
+        commits.append(self.path)
+        if len(commits) == 4:  # run1's new file at step 4, after run0's is in place
+            self.discard()
+            raise OSError(errno.EIO, f"cannot write the checkpoint {self.path}: {os.strerror(errno.EIO)}")
+        real(self)
 
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(PendingOutput, "commit", commit)
     with pytest.raises(OSError, match=rf"cannot write the checkpoint {tmp_path / 'run1.ckpt'}: Input/output"):
         fastload.fit_many(store_path, RUNS, checkpoint=tmp_path, max_steps=4, **EVERY_2)
     monkeypatch.undo()
@@ -135,18 +136,19 @@ CRASH = """
 import os, sys
 import fastload
 
-real, renames = os.replace, []
+from fastload.files import PendingOutput
+
+real, commits = PendingOutput.commit, []
 
 
-def replace(src, dst):
-    if str(src).endswith(".fastload-partial"):
-        renames.append(dst)
-        if len(renames) == int(sys.argv[3]):
-            os._exit(9)  # killed among the renames of the save at step 4
-    real(src, dst)
+def commit(self):
+    commits.append(self.path)
+    if len(commits) == int(sys.argv[3]):
+        os._exit(9)  # killed among the renames of the save at step 4
+    real(self)
 
 
-os.replace = replace
+PendingOutput.commit = commit
 fastload.fit_many(sys.argv[1], {runs!r}, checkpoint=sys.argv[2], max_steps=4, **{options!r})
 """
 
@@ -272,6 +274,7 @@ HOSTILE = {
     ),
     "optimizer without its groups": (lambda c: c["optimizer"].pop("param_groups"), "optimizer: "),
     "scaler not a dict": (_set("scaler", []), "its scaler is a list"),
+    "no stores": (lambda c: c.pop("stores"), "it has no stores"),
     "stores without fingerprints": (
         lambda c: c["stores"].update(store={"path": 1}),
         "its stores are not a path and a fingerprint",
@@ -595,7 +598,6 @@ STORE_B = {"path": "b.fastload", "fingerprint": "2"}
 def test_check_same_stores_compares_each_store_and_says_which_is_missing():
     both = {"store": STORE_A, "validation store": STORE_B}
     check_same_stores("r.ckpt", {"stores": both}, dict(both))
-    check_same_stores("r.ckpt", {}, both)  # written before fingerprints: compared by config alone
     with pytest.raises(ValueError) as err:
         check_same_stores("r.ckpt", {"stores": both}, {"store": STORE_A, "validation store": None})
     assert str(err.value) == "r.ckpt: the checkpoint was written for a run with a validation store"

@@ -283,7 +283,7 @@ def test_a_copy_pickled_mid_epoch_starts_with_the_next_epoch_and_no_buffers(stor
 
 
 def integer_error(name, minimum, value):
-    """positive_int's message for `name`, whole: the argument's own name, not another's."""
+    """int_in_range's message for `name`, whole: the argument's own name, not another's."""
     return f"^{name} must be an integer >= {minimum}, not {re.escape(repr(value))}$"
 
 

@@ -4,10 +4,14 @@ a symbolic link (the link stays, its target is replaced), and gives the new file
 mode or the mode of the file it replaces.
 
 Each writer is tried against copies made here: a character device (a ``mknod`` copy of
-/dev/null), a named pipe, a directory and a symbolic link to an existing output."""
+/dev/null), a named pipe, a directory and a symbolic link to an existing output; against each
+of those named like one of its temporary files, beside the file it writes (none blocks it, none
+is removed or replaced); and against a name as long as a file name may be."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import os
@@ -15,6 +19,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 
 import numpy as np
@@ -22,7 +27,7 @@ import pytest
 import test_train
 from test_train import FAST
 
-from fastload import StoreWriter, cli
+from fastload import StoreWriter, _core, cli
 from fastload.augment import Augment
 from fastload.pack import pack
 from fastload.preview import save_preview
@@ -229,6 +234,109 @@ def test_a_link_to_a_device_is_refused_and_the_device_left_alone(env, tmp_path, 
     assert stat.S_ISCHR(os.lstat(device).st_mode) and (tmp_path / "out").is_symlink()
 
 
+#: Names of temporary files of ``out``: the current form (.NAME.PID.RANDOM), the Python writers'
+#: former one (.NAME.RANDOM), and a name that is only like them.
+PARTIAL_NAMES = (
+    f".out.4242.0123456789abcdef{_core.PARTIAL_SUFFIX}",
+    f".out.fedcba9876543210{_core.PARTIAL_SUFFIX}",
+    f".out.deadbeef{_core.PARTIAL_SUFFIX}",
+)
+PARTIAL_KINDS = SPECIALS + ("symbolic link",)
+
+
+def finishes(call, fifos=(), seconds=120):
+    """Runs ``call()`` in a thread and fails the test if it has not returned in ``seconds``
+    (then opening each FIFO's write end, which lets a reader blocked opening it go on)."""
+    raised = []
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for fifo in fifos:
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+        pytest.fail(f"still writing after {seconds} s: blocked")
+    if raised:
+        raise raised[0]
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize("kind", PARTIAL_KINDS)
+@pytest.mark.parametrize("write,effect", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_what_is_named_like_a_temporary_file_neither_blocks_a_writer_nor_is_removed(
+    env, tmp_path, write, effect, kind
+):
+    path = tmp_path / "out"
+    path.write_bytes(b"old\n")
+    specials = [tmp_path / name for name in PARTIAL_NAMES]
+    for special in specials:
+        if kind == "symbolic link":
+            special.symlink_to("out")
+        else:
+            make_special(special, kind)
+    before = {special: identity(special) for special in specials}
+    finishes(lambda: write(env, path), fifos=specials if kind == "named pipe" else ())
+    assert {special: identity(special) for special in specials} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *PARTIAL_NAMES])
+    data = path.read_bytes()
+    assert data.startswith(b"old\n") and len(data) > 4 if effect == "append" else data != b"old\n"
+
+
+@pytest.mark.safety
+def test_a_group_of_files_is_written_past_named_pipes_named_like_their_temporary_files(tmp_path):
+    """write_together (a fit_many group's checkpoints) cleans up beside every file of the group."""
+    from fastload.files import write_together
+
+    paths = [tmp_path / "run0.ckpt", tmp_path / "run1.ckpt"]
+    fifos = [tmp_path / f".{p.name}.0123456789abcdef{_core.PARTIAL_SUFFIX}" for p in paths]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    for version in (b"one", b"two"):  # the first save, then one that moves the first aside
+        files = [(os.fspath(p), lambda f, v=version: f.write(v)) for p in paths]
+        finishes(lambda files=files: write_together(files, "checkpoint"), fifos)
+        assert [p.read_bytes() for p in paths] == [version, version]
+    assert all(stat.S_ISFIFO(os.lstat(fifo).st_mode) for fifo in fifos)
+    assert len(list(tmp_path.iterdir())) == 4  # no partial, no .previous left
+
+
+@pytest.mark.parametrize("write,effect", [w[1:] for w in WRITERS], ids=[w[0] for w in WRITERS])
+def test_a_name_as_long_as_a_file_name_may_be_is_written(env, tmp_path, write, effect):
+    """Its temporary file's name would be longer than a name may be: it is cut, and a hash of
+    the whole name added, so a dead writer's is still found (rust/output.rs, ``temp_stem``)."""
+    path = tmp_path / ("n" * 255)
+    path.write_bytes(b"old\n")
+    finishes(lambda: write(env, path))
+    data = path.read_bytes()
+    assert data.startswith(b"old\n") and len(data) > 4 if effect == "append" else data != b"old\n"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial left
+
+
+DIES_WRITING = "import os, sys; from fastload.files import PendingOutput; pending = PendingOutput(sys.argv[1]); os._exit(0)"
+
+
+def test_a_dead_writers_temporary_file_of_a_long_name_is_removed_and_a_live_ones_kept(tmp_path):
+    from fastload.files import PendingOutput, replace_atomically
+
+    path = tmp_path / ("é" * 127)  # 254 bytes
+    subprocess.run([sys.executable, "-c", DIES_WRITING, path], check=True, timeout=120)
+    (dead,) = [p for p in tmp_path.iterdir() if p.name.endswith(_core.PARTIAL_SUFFIX)]
+    live = PendingOutput(path, "preview")
+    with replace_atomically(path, "preview") as f:
+        f.write(b"new")
+    assert path.read_bytes() == b"new" and not dead.exists()
+    assert len(list(tmp_path.iterdir())) == 2  # the live writer's is kept
+    live.discard()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def test_a_replaced_store_written_through_a_link_holds_the_new_records(tmp_path):
     real = tmp_path / "real.fastload"
     with StoreWriter(real, (2, 2, 3)) as w:
@@ -361,3 +469,31 @@ def test_a_failed_model_save_names_the_file_not_torch_internals(estimator, tmp_p
     with pytest.raises(OSError, match=f"cannot write the model file {tmp_path / 'm.pt'}: No space left"):
         estimator.save(tmp_path / "m.pt")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_core_pending_file_commits_at_the_end_of_a_block_and_names_its_failures(tmp_path):
+    """``_core.PendingFile``, the primitive under every Python writer: written through its
+    descriptor, moved into place when the block ends (or never, on an exception), its OS
+    failures OSErrors with their errno naming the file and what it is for."""
+    path = tmp_path / "out"
+    with _core.PendingFile(path, "preview") as pending:
+        os.write(pending.fileno(), b"new")
+        assert not path.exists()
+    assert path.read_bytes() == b"new" and pending.target == os.fspath(path)
+    with pytest.raises(ValueError, match="the preview is already committed or discarded"):
+        pending.fileno()
+    with pytest.raises(KeyError), _core.PendingFile(path, "preview") as pending:
+        os.write(pending.fileno(), b"lost")
+        raise KeyError
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["out"]
+    missing = tmp_path / "no" / "out"
+    with pytest.raises(OSError) as failed:
+        _core.PendingFile(missing, "checkpoint")
+    assert failed.value.errno == errno.ENOENT
+    assert str(failed.value) == (
+        f"[Errno 2] cannot create a file beside the checkpoint {missing}: No such file or directory"
+    )
+    with pytest.raises(OSError) as failed:
+        _core.append_output(tmp_path / "out" / "log", b"x", "JSON log")
+    assert failed.value.errno == errno.ENOTDIR and "cannot write the JSON log" in str(failed.value)
+    assert _core.file_kind(os.lstat(tmp_path).st_mode) == "a directory"

@@ -679,6 +679,15 @@ def test_appended_bytes_are_rejected(store, extra):
     assert "trailing bytes" in open_error(path)
 
 
+def test_the_image_section_is_where_the_header_says_for_readers_that_map_the_file(tmp_path):
+    path = tmp_path / "s.fastload"
+    images, _ = write(path, n=4)
+    with Store(path) as store:
+        assert store.images_offset == sections(path)["images"][0]
+        mapped = np.memmap(path, np.uint8, "r", store.images_offset, (len(store), store.stride))
+        assert np.array_equal(mapped[:, : images[0].size].reshape(images.shape), images)
+
+
 @pytest.mark.safety
 def test_damaged_records_are_each_reported_and_intact_ones_are_not(tmp_path):
     path = tmp_path / "s.fastload"

@@ -57,7 +57,7 @@ def _data_bound(monkeypatch, pause, step):
         self.train_batches.source = PausedBatches(self.train_batches.source, pause)
 
     monkeypatch.setattr(DataStream, "__init__", paused_stream)
-    monkeypatch.setattr(Trainer, "train_step", lambda self, x, y, m, meter: step())
+    monkeypatch.setattr(Trainer, "train_step", lambda self, x, y, m: step())
 
 
 def test_a_run_that_waits_for_its_data_reports_a_data_wait_near_1(store_path, monkeypatch):

@@ -14,6 +14,9 @@ from fastload.errors import MissingDependencyError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: Every count, seed and epoch a dataset keeps in its int64 state slots stays below this.
+INT_STATE_LIMIT = 2**62
+
 
 def fspath(path: Any, what: str = "path") -> str:
     """``path`` as a str; a TypeError naming ``what`` for anything but a str or os.PathLike."""
@@ -25,6 +28,16 @@ def fspath(path: Any, what: str = "path") -> str:
 def is_int(value: Any) -> bool:
     """A Python or NumPy integer, and not a bool (True is not a count)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def int_in_range(value: Any, name: str, minimum: int = 1) -> int:
+    """``value`` as an int in [minimum, INT_STATE_LIMIT); a ValueError naming ``name`` otherwise.
+    (The command line's argparse type for counts is ``fastload.cli.args.positive_int``.)"""
+    if not is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+    if value >= INT_STATE_LIMIT:
+        raise ValueError(f"{name} must be below 2**62, not {value!r}")
+    return int(value)
 
 
 def import_optional(module: str, needed_for: str, install: str) -> ModuleType:

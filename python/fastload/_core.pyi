@@ -21,17 +21,22 @@ __all__ = [
     "PACK_MAX_DECODE_ALLOC",
     "PACK_MAX_PIXELS",
     "PACK_MAX_WORKERS",
+    "PARTIAL_SUFFIX",
     "PackDecoder",
+    "PendingFile",
     "RecycledBuffer",
     "Prefetcher",
     "Store",
     "StoreError",
     "StoreWriter",
     "__version__",
+    "append_output",
     "augment",
     "check_meta",
     "evict",
+    "file_kind",
     "num_threads",
+    "output_target",
     "pack_jpeg_simd",
     "recycled_float32",
     "recycled_idle",
@@ -101,6 +106,8 @@ class Store:
     @property
     def stride(self) -> int: ...
     @property
+    def images_offset(self) -> int: ...
+    @property
     def file_size(self) -> int: ...
     @property
     def meta_json(self) -> str: ...
@@ -139,6 +146,26 @@ class StoreWriter:
     def append_many(self, images: npt.NDArray[np.uint8], labels: npt.NDArray[np.uint8]) -> None: ...
     def commit(self, meta_json: str) -> str: ...
     def discard(self) -> None: ...
+
+PARTIAL_SUFFIX: str  # of the output rule's temporary files (rust/output.rs)
+
+@final
+class PendingFile:
+    """A new version of the output file `path` in a locked temporary file beside the file it
+    replaces (the output rule, rust/output.rs); `commit` moves it into place."""
+
+    def __new__(cls, path: _Path, what: str = "output", overwrite: bool = True) -> Self: ...
+    @property
+    def target(self) -> str: ...
+    def fileno(self) -> int: ...
+    def commit(self) -> str: ...
+    def discard(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, kind: Optional[type], _value: Optional[BaseException], _traceback: object) -> bool: ...
+
+def append_output(path: _Path, data: bytes, what: str = "log") -> None: ...
+def output_target(path: _Path, what: str = "output") -> str: ...
+def file_kind(mode: int) -> str: ...
 
 @final
 class Prefetcher:

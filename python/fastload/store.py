@@ -130,9 +130,10 @@ class Store:
 
     @property
     def images_offset(self) -> int:
-        """Where the image section starts in the file: right after the fixed 4096-byte header
-        (docs/FORMAT.md; opening the store checks it), for readers that map the file themselves."""
-        return 4096
+        """Where the image section starts in the file, as its header says (right after the
+        header page, docs/FORMAT.md; opening the store checks it), for readers that map the file
+        themselves."""
+        return self._core.images_offset
 
     def prefetcher(self, indices: np.ndarray, lengths: Sequence[int]) -> _core.Prefetcher:
         """A Rust prefetcher gathering `indices` (int64), cut into batches of `lengths`, in order

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use crate::error::Error;
 
 mod augment;
+mod output;
 mod pack;
 mod prefetch;
 mod store;
@@ -57,7 +58,9 @@ pub(crate) fn to_py(err: Error) -> PyErr {
         Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists => {
             PyFileExistsError::new_err(message)
         }
-        Error::Format { .. } | Error::Io { .. } => StoreError::new_err(message),
+        Error::Format { .. } | Error::Io { .. } | Error::Beside { .. } => {
+            StoreError::new_err(message)
+        }
         Error::Index { .. } => PyIndexError::new_err(message),
         Error::Value(_) => PyValueError::new_err(message),
     }
@@ -79,6 +82,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_META_DEPTH", crate::format::MAX_META_DEPTH)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     augment::register(m)?;
+    output::register(m)?;
     pack::register(m)?;
     prefetch::register(m)?;
     store::register(m)?;

@@ -104,6 +104,12 @@ impl CoreStore {
         Ok(self.store()?.header().stride)
     }
 
+    /// Where the image section starts in the file, as its header says.
+    #[getter]
+    fn images_offset(&self) -> PyResult<u64> {
+        Ok(self.store()?.header().images.offset)
+    }
+
     #[getter]
     fn file_size(&self) -> PyResult<u64> {
         Ok(self.store()?.header().file_length)

@@ -3,11 +3,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::MAX_DECODE_ALLOC;
-use crate::writer::file_kind;
+use crate::output::file_kind;
 
 /// The file's bytes, after checking from its first bytes that it is an image at all
 /// (so a large non-image file is not read whole).
@@ -23,7 +23,10 @@ pub(super) fn read_image_file(path: &Path) -> std::result::Result<Vec<u8>, Strin
     let metadata = file.metadata().map_err(cannot_read)?;
     let kind = metadata.file_type();
     if !kind.is_file() {
-        return Err(format!("not a regular file ({})", file_kind(&kind)));
+        return Err(format!(
+            "not a regular file ({})",
+            file_kind(metadata.mode())
+        ));
     }
     let len = metadata.len();
     if len == 0 {

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import numpy as np
 import torch
 
-from fastload._checks import fspath
+from fastload._checks import fspath, int_in_range
 from fastload.bench.baselines import (
     bench_dataloader,
     bench_jpeg,
@@ -42,7 +42,6 @@ from fastload.bench.stages import (
     bench_resident,
     bench_to_device,
 )
-from fastload.dataset.plan import positive_int
 from fastload.files import output_target, replace_atomically
 from fastload.inspect import check_batch_memory, machine_memory, memory_plan, storage
 from fastload.progress import Progress
@@ -125,7 +124,7 @@ def run(
     stages = parse_stages(only)
     if repeats < 3:
         raise ValueError(f"repeats must be at least 3 (a median needs several runs), not {repeats}")
-    batch_size = positive_int(batch_size, "batch_size")
+    batch_size = int_in_range(batch_size, "batch_size")
     if store is not None and size_gb is not None:
         raise ValueError("give either a store or size_gb (the size of a temporary store), not both")
     if size_gb is not None and size_gb <= 0:

@@ -5,14 +5,12 @@ lifetime), `prefetch` (driving the Rust prefetcher), `dataset` (the dataset itse
 
 from fastload.dataset.dataset import FastLoadDataset
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, split_indices
-from fastload.device import to_device
 
 __all__ = [
     "FastLoadDataset",
     "RankPlan",
     "epoch_order",
     "split_indices",
-    "to_device",
     "ORDERS",
     "BLOCK_BYTES",
     "WINDOW_BLOCKS",

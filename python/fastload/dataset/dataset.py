@@ -11,9 +11,9 @@ from typing import Any, Iterator, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from fastload._checks import fspath, is_int
+from fastload._checks import INT_STATE_LIMIT, fspath, int_in_range, is_int
 from fastload.dataset.buffers import BufferPool
-from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
+from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order
 from fastload.dataset.prefetch import Pass
 from fastload.store import PathLike, Store, StoreError, as_indices
 
@@ -21,7 +21,7 @@ from fastload.store import PathLike, Store, StoreError, as_indices
 _NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = range(5)
 # The epoch counter's range: epochs 0..LAST_EPOCH are iterated, and a state may say LAST_EPOCH + 1
 # (where the counter stands after the last one), so every state it produces loads again.
-LAST_EPOCH = 2**62 - 1
+LAST_EPOCH = INT_STATE_LIMIT - 1
 
 
 class FastLoadDataset(torch.utils.data.IterableDataset):
@@ -96,7 +96,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         self._identity = self._store.identity
         self._store_pid = os.getpid()
         self._pool: Optional[BufferPool] = None
-        self.batch_size = positive_int(batch_size, "batch_size")
+        self.batch_size = int_in_range(batch_size, "batch_size")
         if order is None:
             order = "random" if shuffle else "sequential"
         if order not in ORDERS:
@@ -104,7 +104,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         if not shuffle and order != "sequential":
             raise ValueError(f"shuffle=False asks for sequential order, but order={order!r}")
         self.order = order
-        self.seed = positive_int(seed, "seed", minimum=0)
+        self.seed = int_in_range(seed, "seed", minimum=0)
         self.drop_last = bool(drop_last)
         count = len(self._store)
         if indices is None:
@@ -117,7 +117,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                     f"indices out of range for {self.path} ({count} records): {bad[:5].tolist()}"
                 )
         self.rank, self.world_size = self._distributed(rank, world_size)
-        self.prefetch = positive_int(prefetch, "prefetch")
+        self.prefetch = int_in_range(prefetch, "prefetch")
         cuda = torch.cuda.is_available()
         if pin_memory and not cuda:
             raise ValueError("pin_memory=True needs CUDA, which is not available")
@@ -126,9 +126,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         self.block_size = (
             max(1, -(-BLOCK_BYTES // self._store.image_nbytes))
             if block_size is None
-            else positive_int(block_size, "block_size")
+            else int_in_range(block_size, "block_size")
         )
-        self.window = positive_int(window, "window")
+        self.window = int_in_range(window, "window")
         self._plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
         # Epoch bookkeeping lives in shared memory so set_epoch/load_state_dict reach
         # DataLoader workers, persistent ones included, and workers can advance the epoch.
@@ -148,8 +148,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             world_size = dist.get_world_size() if initialized else 1
         if rank is None:
             rank = dist.get_rank() if initialized else 0
-        world_size = positive_int(world_size, "world_size")
-        rank = positive_int(rank, "rank", minimum=0)
+        world_size = int_in_range(world_size, "world_size")
+        rank = int_in_range(rank, "rank", minimum=0)
         if rank >= world_size:
             raise ValueError(f"rank must be < world_size, not rank={rank} with world_size={world_size}")
         return rank, world_size
@@ -231,10 +231,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
             raise ValueError(f"the dataset state is missing {sorted(missing)}")
-        position = positive_int(state["position"], "position", minimum=0)
+        position = int_in_range(state["position"], "position", minimum=0)
         if position > len(self):
             raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")
-        self.seed = positive_int(state["seed"], "seed", minimum=0)
+        self.seed = int_in_range(state["seed"], "seed", minimum=0)
         epoch = _epoch_number(state["epoch"])
         if torch.utils.data.get_worker_info() is not None:
             # A worker restoring its own progress (StatefulDataLoader): the other workers

@@ -3,11 +3,11 @@ indices only) and its cut into the batches of one rank, plus the train/val split
 
 from __future__ import annotations
 
-from typing import Any, Tuple, Union
+from typing import Tuple, Union
 
 import numpy as np
 
-from fastload._checks import fspath, is_int
+from fastload._checks import fspath, int_in_range, is_int
 from fastload.store import PathLike, Store
 
 ORDERS = ("random", "sequential", "block")
@@ -18,21 +18,12 @@ BLOCK_BYTES = 8 << 20
 WINDOW_BLOCKS = 8
 
 
-def positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    """`value` as an int in [minimum, 2**62): the bound keeps it inside the int64 state slots."""
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
-    if value >= 2**62:
-        raise ValueError(f"{name} must be below 2**62, not {value!r}")
-    return int(value)
-
-
 def split_indices(n_or_store: Union[int, Store, PathLike], val_fraction: float, seed: int = 0):
     """Splits record numbers 0..n-1 reproducibly into (train, val), disjoint and covering,
     each sorted, with round(n * val_fraction) records in val. `n_or_store` is a count, a
     `Store` or a store's path."""
     if is_int(n_or_store):
-        n = positive_int(n_or_store, "n", minimum=0)
+        n = int_in_range(n_or_store, "n", minimum=0)
     elif isinstance(n_or_store, Store):
         n = len(n_or_store)
     else:
@@ -40,7 +31,7 @@ def split_indices(n_or_store: Union[int, Store, PathLike], val_fraction: float, 
             n = len(store)
     if not 0.0 <= float(val_fraction) <= 1.0:
         raise ValueError(f"val_fraction must be between 0 and 1, not {val_fraction!r}")
-    perm = np.random.Generator(np.random.PCG64(positive_int(seed, "seed", minimum=0))).permutation(n)
+    perm = np.random.Generator(np.random.PCG64(int_in_range(seed, "seed", minimum=0))).permutation(n)
     n_val = int(round(n * float(val_fraction)))
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 

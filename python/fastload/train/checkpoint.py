@@ -45,10 +45,9 @@ def save_group(checkpoints: Sequence[Tuple[str, Callable[[], dict]]]) -> None:
 
 
 def check_same_stores(resume: str, saved: dict, stores: dict) -> None:
-    """Refuses to resume on stores other than the ones the checkpoint was trained on
-    (checkpoints written before fingerprints were recorded are compared by config alone)."""
+    """Refuses to resume on stores other than the ones the checkpoint was trained on."""
     for what, now in stores.items():
-        then = saved.get("stores", stores)[what]
+        then = saved["stores"][what]
         if then is None and now is None:
             continue
         if then is None or now is None:
@@ -135,7 +134,7 @@ def _structure_problem(checkpoint: dict) -> Optional[str]:
 def _stores_problem(checkpoint: dict) -> Optional[str]:
     """What is wrong with the fingerprints of the stores a checkpoint was trained on, or None."""
     if "stores" not in checkpoint:
-        return None  # written before fingerprints were recorded
+        return "it has no stores"
     stores = checkpoint["stores"]
 
     def fingerprinted(store: Any) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fastload._checks import fspath, is_int
+from fastload._checks import INT_STATE_LIMIT, fspath, is_int
 from fastload.augment import Augment
 from fastload.inspect import usable_cores
 from fastload.monotonic.lattice import check_lattice_size
@@ -33,7 +33,7 @@ MAX_SIZE = 4096  # backbone input side: one 4096x4096x3 float32 image is 200 MB 
 # layer may (MAX_LATTICE_ENTRIES); together they are checked against that table size too.
 MAX_NUM_FEATURES = 4096
 MAX_LATTICE_SIZE = 32
-MAX_SEED = 2**62 - 1  # as FastLoadDataset's seed (dataset.plan.positive_int)
+MAX_SEED = INT_STATE_LIMIT - 1  # as FastLoadDataset's seed
 
 
 @dataclass

@@ -70,25 +70,23 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = Fa
             break
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the epoch's peak, not the process's
-        started = [t.start_epoch(epoch) for t in running]
-        meters = [meter for meter, _ in started]
-        position = started[0][1]
+        position = [t.start_epoch(epoch) for t in running][0]  # all runs stand at one position
+        meters = [t.meter for t in running]
         steps = meters[0].steps
         bar = Progress(
             options.progress, stream.steps_per_epoch, f"epoch {epoch + 1}/{options.epochs}", interval=0.2
         )
         figures = functools.partial(_progress_figures, meters[0])
-        meter_of = {id(t): meter for t, meter in zip(running, meters)}
         for x, y, m in stream.train_epoch(epoch, meters, position):
             steps += 1
             stepping = [t for t in running if t.running]
             for unit in units:
                 if isinstance(unit, StackedStep):
-                    unit.step(x, y, m, meter_of)
+                    unit.step(x, y, m)
                 elif unit.running:
-                    unit.guarded(unit.train_step, x, y, m, meter_of[id(unit)])
+                    unit.guarded(unit.train_step, x, y, m)
             due = [t for t in stepping if t.stopped is None and t.checkpoint_due()]
-            _save_checkpoints(epoch, [(t, stream.position(epoch, steps), meter_of[id(t)]) for t in due])
+            _save_checkpoints(epoch, [(t, stream.position(epoch, steps), t.meter) for t in due])
             bar.update(steps, figures)
             if not any(t.running for t in running):
                 break
@@ -97,7 +95,7 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = Fa
                 torch.cuda.synchronize(device)
             bar.update(steps, figures, force=True)
             bar.close()
-            _end_epoch(stream, epoch, [(t, meter) for t, meter in zip(running, meters) if t.running])
+            _end_epoch(stream, epoch, [t for t in running if t.running])
             continue
         bar.close()
     for unit in units:
@@ -106,13 +104,13 @@ def train_many(stream: DataStream, trainers: Sequence[Trainer], stack: bool = Fa
     return [t.result(completed=t.epoch == options.epochs) for t in trainers]
 
 
-def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, EpochMeter]]) -> None:
+def _end_epoch(stream: DataStream, epoch: int, finished: List[Trainer]) -> None:
     """Validates every trainer that finished ``epoch`` on one pass over the validation batches,
-    records its metrics and saves it."""
-    seconds = {id(t): meter.elapsed() for t, meter in finished}
-    for t, _ in finished:
+    records its metrics (from its epoch's ``meter``) and saves it."""
+    seconds = [t.meter.elapsed() for t in finished]
+    for t in finished:
         t.guarded(t.check_finite)
-    evaluated = [(t, meter) for t, meter in finished if t.stopped is None]
+    evaluated = [(t, s) for t, s in zip(finished, seconds) if t.stopped is None]
     sums: List[Union[int, torch.Tensor]] = [0 for _ in evaluated]  # tensors after the first batch
     count = 0
     for t, _ in evaluated:
@@ -126,10 +124,10 @@ def _end_epoch(stream: DataStream, epoch: int, finished: List[Tuple[Trainer, Epo
         for t, _ in evaluated:
             t.model.train()
     # In a group, each run trains on every batch: all runs together train on the sum.
-    together = sum(m.samples / seconds[id(t)] for t, m in finished if seconds[id(t)] > 0)
+    together = sum(t.meter.samples / s for t, s in zip(finished, seconds) if s > 0)
     metrics = [
-        t.end_epoch(epoch, meter, seconds[id(t)], total, count, together if t.name is not None else None)
-        for total, (t, meter) in zip(sums, evaluated)
+        t.end_epoch(epoch, t.meter, s, total, count, together if t.name is not None else None)
+        for total, (t, s) in zip(sums, evaluated)
     ]
     # The checkpoints first: a log that cannot be written (a full disk) must not lose the epoch.
     _save_checkpoints(epoch + 1, [(t, None, None) for t, _ in evaluated])

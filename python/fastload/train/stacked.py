@@ -67,7 +67,7 @@ class StackedStep:
     def _loss(self, params: dict, buffers: dict, x, y, m) -> torch.Tensor:
         return loss(self.task, functional_call(self.base, (params, buffers), (x, m)), y)
 
-    def step(self, x, y, m, meter_of: dict) -> None:
+    def step(self, x, y, m) -> None:
         """One step of every running trainer of the stack. A failure (a diverged model's
         lattice lookup) stops the trainers whose parameters are no longer finite, and the
         others take the step again without them."""
@@ -94,7 +94,7 @@ class StackedStep:
         for i, t in enumerate(members):
             for name, p in t.model.named_parameters():
                 p.grad = grads[name][i]
-            t.apply_gradients(losses[i], len(y), meter_of[id(t)])
+            t.apply_gradients(losses[i], len(y))
 
 
 def _stack_into(models: List[nn.Module], which: str) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -102,6 +102,7 @@ class Trainer:
         self.amp_dtype = AMP_DTYPES[config.amp]
         self.total_steps = config.epochs * steps_per_epoch
         self.epoch, self.step, self.history, self.partial = 0, 0, [], None
+        self.meter: Optional[EpochMeter] = None  # the current epoch's, from start_epoch
         self.rate = config.lr
         self.stopped: Optional[str] = None  # why the run stopped early
         self.diverged: Optional[Diverged] = None
@@ -205,16 +206,14 @@ class Trainer:
     def _label(self) -> dict:
         return {} if self.name is None else {"run": self.name}
 
-    def start_epoch(self, epoch: int) -> Tuple[EpochMeter, Optional[dict]]:
-        """The meter of ``epoch`` and, when it resumes a stopped epoch, the dataset position to
-        continue from."""
+    def start_epoch(self, epoch: int) -> Optional[dict]:
+        """Starts ``epoch``'s meter (``meter``, its own figures carried over when it resumes a
+        stopped epoch) and returns the dataset position to continue from, or None."""
         partial, self.partial = self.partial, None
-        meter = EpochMeter(self.device, partial["meter"] if partial else None)
-        return meter, partial["dataset"] if partial else None
+        self.meter = EpochMeter(self.device, partial["meter"] if partial else None)
+        return partial["dataset"] if partial else None
 
-    def train_step(
-        self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor], meter: EpochMeter
-    ) -> None:
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, m: Optional[torch.Tensor]) -> None:
         """One optimizer step on a device batch, at the schedule's learning rate."""
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
@@ -222,21 +221,22 @@ class Trainer:
             step_loss = loss(self.task, pred, y)
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(step_loss).backward()
-            self.apply_gradients(step_loss, len(y), meter)
+            self.apply_gradients(step_loss, len(y))
         except (IndexError, RuntimeError):
             # A NaN weight makes the lattice look up a cell at index -2**63.
             self.check_finite(self.step + 1)
             raise
 
-    def apply_gradients(self, loss: torch.Tensor, count: int, meter: EpochMeter) -> None:
+    def apply_gradients(self, loss: torch.Tensor, count: int) -> None:
         """The optimizer step on the gradients in the parameters' ``.grad``, at the schedule's
-        learning rate, and the step's figures in ``meter``."""
+        learning rate, and the step's figures in the epoch's ``meter``."""
         o = self.options
         self.rate = learning_rate(o.schedule, o.lr, self.step, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = self.rate
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        meter = self.meter
         meter.loss_sum += loss.detach().double() * count
         meter.samples += count
         meter.steps += 1
