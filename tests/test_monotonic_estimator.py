@@ -59,7 +59,7 @@ def test_regressor_fits_an_array_and_keeps_declared_directions():
     X, y = three_feature_table()
     model = LatticeRegressor(features={"x0": "increasing", 1: "decreasing"}, **FAST).fit(X, y)
     assert model.score(X, y) > 0.9
-    assert model.predict(X).shape == (300,) and model.n_iter_ == 100
+    assert model.predict(X).shape == (300,) and 1 <= model.n_iter_ <= 100  # L-BFGS stops at tol
     assert [f.monotonicity for f in model.features_] == [1, -1, 0]
     assert model.check_monotone(X) == {"x0": 0.0, "x1": 0.0}
     assert not model.model_.training  # the check leaves the model as it found it
@@ -122,7 +122,13 @@ def test_a_classifier_needs_two_classes_and_labels():
 
 def test_early_stopping_keeps_the_best_epoch_and_is_deterministic():
     X, y = three_feature_table()
-    params = {"validation_fraction": 0.2, "n_iter_no_change": 3, "max_iter": 500, "batch_size": 64}
+    params = {
+        "validation_fraction": 0.2,
+        "n_iter_no_change": 3,
+        "max_iter": 500,
+        "batch_size": 64,
+        "solver": "adam",
+    }
     first = LatticeRegressor(**params).fit(X, y)
     assert first.n_iter_ < 500 and len(first.loss_curve_) == first.n_iter_
     np.testing.assert_array_equal(first.predict(X), LatticeRegressor(**params).fit(X, y).predict(X))

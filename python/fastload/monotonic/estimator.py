@@ -8,7 +8,9 @@ Lattice and pytorch-lattice build): each feature goes through its own calibrator
 :class:`~fastload.monotonic.CategoricalCalibrator`) into a
 :class:`~fastload.monotonic.Lattice` (a
 :class:`~fastload.monotonic.LatticeEnsemble` past ``lattice_rank`` features), trained
-with Adam on the CPU from a fixed seed. The guarantees are the layers' (stated in
+with L-BFGS over all the rows on the CPU from a fixed seed (:func:`~fastload.monotonic.fitting.train_table_model`
+says why), each numeric feature's keypoints placed by the data and the target
+(:mod:`~fastload.monotonic.keypoints`). The guarantees are the layers' (stated in
 :mod:`fastload.monotonic.constraints`): monotone by construction after every step, exactly under rounding in each
 calibrator and in a lattice's first monotone input, within a stated rounding bound in the others;
 :meth:`check_monotone` measures it on data. They cover present values: a missing value (NaN,
@@ -84,6 +86,7 @@ from fastload.monotonic.fitting import (
     torch_threads,
     train_table_model,
 )
+from fastload.monotonic.keypoints import place_keypoints
 from fastload.monotonic.persistence import (
     check_lattice_shapes,
     load_checked_state,
@@ -143,6 +146,8 @@ class _LatticeEstimator(BaseEstimator):
         lattice_rank: int = 4,
         num_lattices: Optional[int] = None,
         max_iter: int = 300,
+        solver: str = "lbfgs",
+        tol: float = 1e-2,
         learning_rate: float = 0.05,
         batch_size: Optional[int] = None,
         validation_fraction: Optional[float] = None,
@@ -157,6 +162,8 @@ class _LatticeEstimator(BaseEstimator):
         self.lattice_rank = lattice_rank
         self.num_lattices = num_lattices
         self.max_iter = max_iter
+        self.solver = solver
+        self.tol = tol
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.validation_fraction = validation_fraction
@@ -205,6 +212,15 @@ class _LatticeEstimator(BaseEstimator):
             return int(self.random_state.randint(2**31))
         return int(self.random_state)
 
+    def _place_keypoints(self, x: torch.Tensor, target: np.ndarray) -> None:
+        """Moves each numeric feature's keypoints to where ``target`` changes along it
+        (:func:`place_keypoints`)."""
+        columns = [None if f.categorical else x[:, j].double().numpy() for j, f in enumerate(self.features_)]
+        counts = [f.num_keypoints or self.num_keypoints for f in self.features_]
+        for j, points in enumerate(place_keypoints(columns, target, counts)):
+            if points is not None:
+                self.keypoints_[j] = points
+
     def _build(self, num_outputs: int, seed: int) -> TableModel:
         return TableModel(
             self.features_,
@@ -218,7 +234,9 @@ class _LatticeEstimator(BaseEstimator):
             self.kind,
         )
 
-    def _train(self, x: torch.Tensor, target: torch.Tensor, num_outputs: int, loss) -> None:
+    def _train(
+        self, x: torch.Tensor, target: torch.Tensor, num_outputs: int, loss, placement: Optional[np.ndarray]
+    ) -> None:
         """Builds the model from ``random_state`` and trains it (:func:`train_table_model`) on
         ``torch_threads`` threads."""
         with torch_threads(self.torch_threads):
@@ -228,6 +246,8 @@ class _LatticeEstimator(BaseEstimator):
             if not self.learning_rate > 0:
                 raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
             self.seed_ = self._seed()  # load builds the same ensemble subsets from it
+            if placement is not None:
+                self._place_keypoints(x, placement)
             model = self._build(num_outputs, self.seed_)
             self.loss_curve_: List[float] = train_table_model(
                 model,
@@ -235,7 +255,9 @@ class _LatticeEstimator(BaseEstimator):
                 target,
                 loss,
                 seed=self.seed_,
+                solver=self.solver,
                 max_iter=self.max_iter,
+                tol=self.tol,
                 learning_rate=self.learning_rate,
                 batch_size=self.batch_size,
                 validation_fraction=self.validation_fraction,
@@ -339,7 +361,10 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     (vertices per lattice dimension), ``num_keypoints`` (quantile keypoints per numeric
     feature), ``lattice_rank`` (features per lattice; with more features an ensemble of
     ``num_lattices`` lattices, by default enough to use each feature about twice),
-    ``max_iter`` (epochs), ``learning_rate`` (Adam's), ``batch_size`` (None: full batch),
+    ``solver`` ("lbfgs": full-batch L-BFGS, the default and fastest; "adam": Adam, for
+    minibatches), ``max_iter`` (L-BFGS iterations or Adam epochs), ``tol`` (L-BFGS stops once 5
+    iterations improved the training loss by less than this fraction, twice in a row),
+    ``learning_rate`` (Adam's), ``batch_size`` (Adam's; None: full batch),
     ``validation_fraction`` and ``n_iter_no_change`` (early stopping), ``random_state`` (an
     int, a RandomState or None for a fresh seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
     ``torch_threads`` (torch's intra-op threads while fitting and predicting, restored after;
@@ -354,7 +379,7 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
         self.y_mean_ = float(target.mean())
         self.y_scale_ = float(target.std()) or 1.0
         standardized = torch.tensor((target - self.y_mean_) / self.y_scale_, dtype=torch.float32)
-        self._train(x, standardized, 1, lambda out, t: F.mse_loss(out[:, 0], t))
+        self._train(x, standardized, 1, lambda out, t: F.mse_loss(out[:, 0], t), target)
         return self
 
     def predict(self, X) -> np.ndarray:
@@ -392,9 +417,16 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
             )
         codes = torch.tensor(codes.ravel(), dtype=torch.int64)
         if len(self.classes_) == 2:
-            self._train(x, codes.float(), 1, lambda out, t: F.binary_cross_entropy_with_logits(out[:, 0], t))
+            self._train(
+                x,
+                codes.float(),
+                1,
+                lambda out, t: F.binary_cross_entropy_with_logits(out[:, 0], t),
+                codes.numpy(),
+            )
         else:
-            self._train(x, codes, len(self.classes_), F.cross_entropy)
+            # Class codes of unordered classes are no scale along which a target changes.
+            self._train(x, codes, len(self.classes_), F.cross_entropy, None)
         return self
 
     def _num_outputs(self) -> int:
