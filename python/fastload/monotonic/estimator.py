@@ -217,7 +217,7 @@ class _LatticeEstimator(BaseEstimator):
         (:func:`place_keypoints`)."""
         columns = [None if f.categorical else x[:, j].double().numpy() for j, f in enumerate(self.features_)]
         counts = [f.num_keypoints or self.num_keypoints for f in self.features_]
-        for j, points in enumerate(place_keypoints(columns, target, counts)):
+        for j, points in enumerate(place_keypoints(columns, target, counts, self.seed_)):
             if points is not None:
                 self.keypoints_[j] = points
 

@@ -265,7 +265,7 @@ _TOL_WINDOW = 5
 CHUNK_ROWS = 65536
 # Past this many training rows, L-BFGS first trains on a sample of this many, then runs at most
 # POLISH_ITER iterations over all of them.
-SUBSAMPLE_ROWS, POLISH_ITER = 32768, 5
+SUBSAMPLE_ROWS, POLISH_ITER = 32768, 3
 
 
 def _lbfgs(model, located, target, loss, max_iter: int, tol: float, stopping: _EarlyStopping) -> List[float]:

@@ -24,6 +24,8 @@ __all__ = ["place_keypoints"]
 # Each fine bin holds at least this many samples (the curve's noise), and there are at most
 # MAX_BINS (the resolution at which a jump is placed; gradient boosting uses 255 bins).
 MIN_BIN_SAMPLES, MAX_BINS = 32, 1024
+# Past this many rows the curves come from a sample (1024 bins of 256 samples).
+SAMPLE_ROWS = 2**18
 # Bins of the coarse curves taken out of the target before a feature's own curve is measured.
 COARSE_BINS = 32
 # The most of the keypoints that follow the target's change rather than the data.
@@ -44,7 +46,7 @@ def _bin_means(values: np.ndarray, target: np.ndarray, count: int) -> Tuple[np.n
     return bins, np.bincount(bins, weights=values) / sizes, means, errors
 
 
-def _keypoints(values: np.ndarray, target: np.ndarray, count: int) -> List[float]:
+def _keypoints(values: np.ndarray, target: np.ndarray, count: int, ends: Tuple[float, float]) -> List[float]:
     _, centres, means, errors = _bin_means(
         values, target, int(np.clip(len(values) // MIN_BIN_SAMPLES, 2, MAX_BINS))
     )
@@ -61,18 +63,24 @@ def _keypoints(values: np.ndarray, target: np.ndarray, count: int) -> List[float
     change_cdf = np.concatenate([[0.0], np.cumsum(change)]) / max(change.sum(), np.finfo(float).tiny)
     mixture = (1 - share) * data_cdf + share * change_cdf
     inner = np.interp(np.linspace(0.0, 1.0, count)[1:-1], mixture, centres) if len(centres) > 1 else []
-    ends = [values.min(), values.max()]
     return [float(p) for p in np.unique(np.concatenate([ends, inner]).astype(np.float32))]
 
 
 def place_keypoints(
-    columns: Sequence[Optional[np.ndarray]], target: np.ndarray, counts: Sequence[int]
+    columns: Sequence[Optional[np.ndarray]], target: np.ndarray, counts: Sequence[int], seed: int = 0
 ) -> List[Optional[List[float]]]:
     """Keypoints for each numeric feature: ``columns`` its values (NaN where missing), None for
     a categorical feature; ``target`` the matching targets (any scale); ``counts`` the most
     keypoints per feature. Each list covers the feature's range, distinct in float32; None for
-    a categorical feature or one with fewer than two distinct values."""
+    a categorical feature or one with fewer than two distinct values. Past ``SAMPLE_ROWS`` rows
+    the curves come from a sample of that many, drawn from ``seed`` (the ends from every row)."""
     target = np.asarray(target, dtype=np.float64)
+    ranges = [
+        None if v is None else (np.nanmin(v), np.nanmax(v)) if (~np.isnan(v)).any() else None for v in columns
+    ]
+    if len(target) > SAMPLE_ROWS:
+        rows = np.random.default_rng(seed).choice(len(target), SAMPLE_ROWS, replace=False)
+        columns, target = [None if v is None else v[rows] for v in columns], target[rows]
     centred = target - target.mean()
     coarse = []
     for values in columns:
@@ -84,11 +92,11 @@ def place_keypoints(
         coarse.append(fitted)
     others = np.sum(coarse, axis=0)
     keypoints: List[Optional[List[float]]] = []
-    for values, fitted, count in zip(columns, coarse, counts):
+    for values, fitted, count, ends in zip(columns, coarse, counts, ranges):
         present = None if values is None else ~np.isnan(values)
-        if values is None or len(np.unique(values[present])) < 2:
+        if values is None or ends is None or ends[0] == ends[1] or len(np.unique(values[present])) < 2:
             keypoints.append(None)
             continue
         partial = centred - (others - fitted)
-        keypoints.append(_keypoints(values[present], partial[present], count))
+        keypoints.append(_keypoints(values[present], partial[present], count, ends))
     return keypoints
