@@ -1,16 +1,21 @@
-"""Benchmark of `fastload.monotonic.LatticeRegressor` against scikit-learn's
-HistGradientBoostingRegressor with the same monotone constraints: fit time, test MSE, their ratio.
+"""Benchmark of `fastload.monotonic.LatticeRegressor` / `LatticeClassifier` against scikit-learn's
+HistGradientBoosting with the same monotone constraints: fit time, test error, their ratios.
 
 The tasks (issue #36): 6 uniform features on [0, 1], all declared monotone (x2 decreasing, the rest
-increasing), noise sd 0.1:
+increasing). With the smooth score s = 2 x0 + sqrt(x1) - x2^2 + 0.5 x3 x4:
 
-* smooth: y = 2 x0 + sqrt(x1) - x2^2 + 0.5 x3 x4 + noise
-* step:   y = 2 [x5 > 0.5] + noise
+* smooth:  y = s + noise (sd 0.1); test MSE against the noiseless target
+* step:    y = 2 [x5 > 0.5] + noise (sd 0.1); test MSE against the noiseless target
+* binary:  y = [s + noise (sd 0.3) > 1.2]; test log-loss
+* ordinal: y = 0..3, s + noise (sd 0.3) cut at 0.6, 1.2, 1.8; test log-loss. LatticeClassifier
+  with ordinal=True; HGB's classifier refuses monotonic_cst for more than two classes, so its
+  row is unconstrained.
 
-Test MSE is against the noiseless target on 5,000 fresh rows. Both models use their defaults (the
-lattice model's `torch_threads` default, HGB's `random_state=0`). Per size and task, `--repeats`
-fits of each model, interleaved, so load drifts hit both alike; medians of the fit seconds. The
-ratio is LatticeRegressor's median fit time over HGB's, from the same run.
+Test errors are on 5,000 fresh rows. Models use their defaults (HGB with `random_state=0`). Per
+size and task, `--repeats` fits of each model, interleaved, so load drifts hit all alike; medians
+of the fit seconds. Ratios are the lattice model's over HGB's, from the same run. HGB also runs
+with its OpenMP pool limited to one thread (threadpoolctl), as the lattice model's default
+`torch_threads=1`: on a loaded machine OpenMP's spinning threads can slow it down many times.
 
     python benches/bench_monotonic_estimator.py [--sizes 10000,100000] [--tasks smooth,step] [--repeats 3]
 """
@@ -26,30 +31,33 @@ from typing import Callable, Dict, Tuple
 import numpy as np
 import torch
 
-from fastload.monotonic import LatticeRegressor
+from fastload.monotonic import LatticeClassifier, LatticeRegressor
 
 FEATURES = {"x0": "increasing", "x1": "increasing", "x2": "decreasing", "x3": "increasing",
             "x4": "increasing", "x5": "increasing"}  # fmt: skip
 MONOTONIC_CST = [1, 1, -1, 1, 1, 1]
-TARGETS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "smooth": lambda X: 2 * X[:, 0] + np.sqrt(X[:, 1]) - X[:, 2] ** 2 + 0.5 * X[:, 3] * X[:, 4],
-    "step": lambda X: 2.0 * (X[:, 5] > 0.5),
-}
-NOISE = 0.1
+CLASSIFIERS = ("binary", "ordinal")
+TASKS = ("smooth", "step") + CLASSIFIERS
+
+
+def smooth_score(X: np.ndarray) -> np.ndarray:
+    return 2 * X[:, 0] + np.sqrt(X[:, 1]) - X[:, 2] ** 2 + 0.5 * X[:, 3] * X[:, 4]
 
 
 def task(name: str, n: int, seed: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, noisy y, noiseless target) of ``n`` rows."""
+    """(X, y, what the test error compares with: the noiseless target, or y itself)."""
     rng = np.random.default_rng(seed)
     X = rng.uniform(0, 1, (n, len(FEATURES)))
-    target = TARGETS[name](X)
-    return X, target + NOISE * rng.normal(size=n), target
+    if name in CLASSIFIERS:
+        noisy = smooth_score(X) + 0.3 * rng.normal(size=n)
+        y = (noisy > 1.2).astype(int) if name == "binary" else np.digitize(noisy, [0.6, 1.2, 1.8])
+        return X, y, y
+    target = smooth_score(X) if name == "smooth" else 2.0 * (X[:, 5] > 0.5)
+    return X, target + 0.1 * rng.normal(size=n), target
 
 
 class OneThread:
-    """``estimator`` fitted with its OpenMP pool limited to one thread (threadpoolctl), as the
-    lattice model's default ``torch_threads=1``: on a loaded machine OpenMP's spinning threads
-    can slow gradient boosting down many times over, so both rows are shown."""
+    """``estimator`` fitted with its OpenMP pool limited to one thread."""
 
     def __init__(self, estimator):
         self.estimator = estimator
@@ -61,28 +69,44 @@ class OneThread:
             self.estimator.fit(X, y)
         return self
 
-    def predict(self, X):
-        return self.estimator.predict(X)
+    def __getattr__(self, name):
+        return getattr(self.estimator, name)
 
 
-def models() -> Dict[str, Callable[[], object]]:
-    from sklearn.ensemble import HistGradientBoostingRegressor
+def models(name: str) -> Dict[str, Callable[[], object]]:
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
-    def hgb():
-        return HistGradientBoostingRegressor(monotonic_cst=MONOTONIC_CST, random_state=0)
+    if name in CLASSIFIERS:
+        constraints = MONOTONIC_CST if name == "binary" else None
 
-    return {
-        "LatticeRegressor": lambda: LatticeRegressor(features=FEATURES),
-        "HGB": hgb,
-        "HGB 1 thread": lambda: OneThread(hgb()),
-    }
+        def lattice():
+            return LatticeClassifier(features=FEATURES, ordinal=name == "ordinal")
+
+        def hgb():
+            return HistGradientBoostingClassifier(monotonic_cst=constraints, random_state=0)
+    else:
+
+        def lattice():
+            return LatticeRegressor(features=FEATURES)
+
+        def hgb():
+            return HistGradientBoostingRegressor(monotonic_cst=MONOTONIC_CST, random_state=0)
+
+    return {"lattice": lattice, "HGB": hgb, "HGB 1 thread": lambda: OneThread(hgb())}
+
+
+def test_error(name: str, estimator, X: np.ndarray, truth: np.ndarray) -> float:
+    if name in CLASSIFIERS:
+        probabilities = np.clip(estimator.predict_proba(X), 1e-15, 1)
+        return float(-np.mean(np.log(probabilities[np.arange(len(truth)), truth])))
+    return float(np.mean((estimator.predict(X) - truth) ** 2))
 
 
 def measure(name: str, size: int, repeats: int) -> Dict[str, Tuple[float, float, float]]:
-    """Per model: (median fit seconds, test MSE, worst monotonicity violation or NaN)."""
+    """Per model: (median fit seconds, test error, worst monotonicity violation or NaN)."""
     X, y, _ = task(name, size, seed=0)
-    X_test, _, target_test = task(name, 5000, seed=1)
-    makers = models()
+    X_test, _, truth = task(name, 5000, seed=1)
+    makers = models(name)
     seconds: Dict[str, list] = {model: [] for model in makers}
     fitted = {}
     for _ in range(repeats):
@@ -92,35 +116,36 @@ def measure(name: str, size: int, repeats: int) -> Dict[str, Tuple[float, float,
             seconds[model].append(time.perf_counter() - started)
     results = {}
     for model, estimator in fitted.items():
-        mse = float(np.mean((estimator.predict(X_test) - target_test) ** 2))
-        worst = (
-            max(estimator.check_monotone(X_test[:500]).values())
-            if hasattr(estimator, "check_monotone")
-            else float("nan")
+        worst = float("nan")
+        if hasattr(estimator, "check_monotone"):
+            worst = max(estimator.check_monotone(X_test[:500]).values())
+        results[model] = (
+            statistics.median(seconds[model]),
+            test_error(name, estimator, X_test, truth),
+            worst,
         )
-        results[model] = (statistics.median(seconds[model]), mse, worst)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000", help="training rows, comma-separated")
-    parser.add_argument("--tasks", default="smooth,step", help=f"of {','.join(TARGETS)}")
+    parser.add_argument("--tasks", default="smooth,step", help=f"of {','.join(TASKS)}")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}; torch {torch.__version__}, {os.cpu_count()} CPUs")
-    print("| rows | target | LatticeRegressor fit / MSE | HGB monotonic_cst fit / MSE | fit ratio | MSE ratio "
+    print("| rows | target | lattice fit / error | HGB fit / error | fit ratio | error ratio "
           "| HGB 1 thread fit | fit ratio to it | worst violation |")  # fmt: skip
     print("|---:|---|---|---|---:|---:|---:|---:|---:|")
     for size in [int(s) for s in args.sizes.split(",")]:
         for name in args.tasks.split(","):
             results = measure(name, size, args.repeats)
-            (lattice_s, lattice_mse, worst), (hgb_s, hgb_mse, _) = results["LatticeRegressor"], results["HGB"]
+            (lattice_s, lattice_error, worst), (hgb_s, hgb_error, _) = results["lattice"], results["HGB"]
             one_s = results["HGB 1 thread"][0]
             print(
-                f"| {size:,} | {name} | {lattice_s:.2f} s / {lattice_mse:.4f} | {hgb_s:.2f} s / {hgb_mse:.4f} "
-                f"| {lattice_s / hgb_s:.2f}x | {lattice_mse / hgb_mse:.2f}x | {one_s:.2f} s | {lattice_s / one_s:.2f}x "
-                f"| {worst:.3g} |",
+                f"| {size:,} | {name} | {lattice_s:.2f} s / {lattice_error:.4f} | {hgb_s:.2f} s / {hgb_error:.4f} "
+                f"| {lattice_s / hgb_s:.2f}x | {lattice_error / hgb_error:.2f}x | {one_s:.2f} s "
+                f"| {lattice_s / one_s:.2f}x | {worst:.3g} |",
                 flush=True,
             )
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -19,6 +19,7 @@ from fastload.monotonic.constraints import check_declared_buffer, check_monotone
 from fastload.monotonic.features import Feature
 from fastload.monotonic.lattice import Lattice, LatticeEnsemble
 from fastload.monotonic.linear import MonotoneLinear
+from fastload.monotonic.ordinal import CumulativeLink
 
 __all__ = ["TableModel", "monotone_violations", "torch_threads", "train_table_model"]
 
@@ -42,7 +43,9 @@ def torch_threads(count: Optional[int]):
 class TableModel(nn.Module):
     """Calibrators, one per feature, into ``num_outputs`` lattices (or ensembles), or into a
     monotone linear layer with ``kind="linear"``; initial values drawn from ``seed`` (the global
-    RNG is left as it was), a bad size or kind a ValueError naming it. Its
+    RNG is left as it was), a bad size or kind a ValueError naming it. With
+    ``ordinal_classes`` (and one output) a :class:`~fastload.monotonic.ordinal.CumulativeLink`
+    turns the output into that many classes' cumulative log-odds. Its
     ``constraints`` buffer, one row (monotonicity, convexity, categorical, missing) per
     feature, is checked against a loaded state, so a state cannot bring other constraints."""
 
@@ -57,6 +60,7 @@ class TableModel(nn.Module):
         num_outputs: int,
         seed: int,
         kind: str,
+        ordinal_classes: Optional[int] = None,
     ):
         if int(lattice_size) < 2:
             raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
@@ -107,6 +111,8 @@ class TableModel(nn.Module):
                         LatticeEnsemble(count, lattice_rank, number, lattice_size, mono, seed + k)
                     )
             self.lattices = nn.ModuleList(lattices)
+            # Ordered classes: the one output becomes cumulative log-odds (fastload.monotonic.ordinal).
+            self.link = CumulativeLink(ordinal_classes) if ordinal_classes else None
             constraints = [
                 [f.monotonicity, f.convexity, int(f.categorical), int(f.missing)] for f in features
             ]
@@ -135,8 +141,10 @@ class TableModel(nn.Module):
         """The output at inputs :meth:`locate` placed, (N, num_outputs)."""
         calibrated = torch.stack([cal.interpolate(at) for cal, at in zip(self.calibrators, located)], 1)
         if self.linear is not None:
-            return self.linear(calibrated)
-        return torch.stack([lattice(calibrated) for lattice in self.lattices], 1)
+            out = self.linear(calibrated)
+        else:
+            out = torch.stack([lattice(calibrated) for lattice in self.lattices], 1)
+        return out if self.link is None else self.link(out[:, 0])
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         check_declared_buffer(
@@ -169,6 +177,7 @@ def train_table_model(
     target: torch.Tensor,
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     *,
+    weights: Optional[torch.Tensor] = None,
     seed: int,
     solver: str,
     max_iter: int,
@@ -179,7 +188,8 @@ def train_table_model(
     n_iter_no_change: int,
 ) -> List[float]:
     """Trains ``model`` in place and returns its training loss after each round (an L-BFGS
-    iteration, or an Adam epoch).
+    iteration, or an Adam epoch). ``loss`` gives each sample's loss; the training loss is their
+    mean weighted by ``weights`` (sample weights; None: equal).
 
     ``solver="lbfgs"``: full-batch L-BFGS with a strong-Wolfe line search. Why: the model has a
     few hundred parameters and the loss is smooth in them, so a quasi-Newton step over all the
@@ -201,7 +211,8 @@ def train_table_model(
     if solver == "lbfgs" and batch_size is not None:
         raise ValueError("batch_size applies to solver='adam' (L-BFGS takes every row at each step)")
     generator = torch.Generator().manual_seed(seed)
-    train_x, train_t, val_x, val_t = x, target, None, None
+    weights = torch.ones(len(x)) if weights is None else weights
+    train_x, train_t, train_w, val_x, val_t, val_w = x, target, weights, None, None, None
     if validation_fraction is not None:
         if not 0 < validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
@@ -212,14 +223,14 @@ def train_table_model(
                 "training or no validation sample"
             )
         order = torch.randperm(len(x), generator=generator)
-        train_x, train_t = x[order[held:]], target[order[held:]]
-        val_x, val_t = x[order[:held]], target[order[:held]]
+        train_x, train_t, train_w = x[order[held:]], target[order[held:]], weights[order[held:]]
+        val_x, val_t, val_w = x[order[:held]], target[order[:held]], weights[order[:held]]
     batch = len(train_x) if batch_size is None else int(batch_size)
     if batch < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     located = model.locate(train_x)
     val_located = None if val_x is None else model.locate(val_x)
-    stopping = _EarlyStopping(model, val_located, val_t, loss, n_iter_no_change)
+    stopping = _EarlyStopping(model, val_located, val_t, val_w, loss, n_iter_no_change)
     if solver == "lbfgs":
         curve: List[float] = []
         if len(train_t) > SUBSAMPLE_ROWS:
@@ -227,11 +238,13 @@ def train_table_model(
             # optimum is already close for a model of a few hundred parameters.
             rows = torch.randperm(len(train_t), generator=generator)[:SUBSAMPLE_ROWS]
             sample = [at.take(rows) for at in located]
-            curve += _lbfgs(model, sample, train_t[rows], loss, int(max_iter), tol, stopping)
+            curve += _lbfgs(model, sample, train_t[rows], train_w[rows], loss, int(max_iter), tol, stopping)
             max_iter = min(int(max_iter), POLISH_ITER)
-        curve += _lbfgs(model, located, train_t, loss, int(max_iter), tol, stopping)
+        curve += _lbfgs(model, located, train_t, train_w, loss, int(max_iter), tol, stopping)
     else:
-        curve = _adam(model, located, train_t, loss, int(max_iter), learning_rate, batch, generator, stopping)
+        curve = _adam(
+            model, located, train_t, train_w, loss, int(max_iter), learning_rate, batch, generator, stopping
+        )
     stopping.restore_best()
     return curve
 
@@ -239,15 +252,16 @@ def train_table_model(
 class _EarlyStopping:
     """Tracks the validation loss after each round; without validation data it never stops."""
 
-    def __init__(self, model: TableModel, located, target, loss, patience: int):
-        self.model, self.located, self.target, self.loss = model, located, target, loss
+    def __init__(self, model: TableModel, located, target, weights, loss, patience: int):
+        self.model, self.located, self.target, self.weights, self.loss = model, located, target, weights, loss
         self.patience, self.best, self.best_state, self.waited = int(patience), math.inf, None, 0
 
     def should_stop(self) -> bool:
         if self.located is None:
             return False
         with torch.no_grad():
-            current = self.loss(self.model.evaluate(self.located), self.target).item()
+            losses = self.loss(self.model.evaluate(self.located), self.target)
+            current = ((losses * self.weights).sum() / self.weights.sum()).item()
         if current < self.best:
             self.best, self.best_state, self.waited = current, copy.deepcopy(self.model.state_dict()), 0
             return False
@@ -268,7 +282,9 @@ CHUNK_ROWS = 65536
 SUBSAMPLE_ROWS, POLISH_ITER = 32768, 3
 
 
-def _lbfgs(model, located, target, loss, max_iter: int, tol: float, stopping: _EarlyStopping) -> List[float]:
+def _lbfgs(
+    model, located, target, weights, loss, max_iter: int, tol: float, stopping: _EarlyStopping
+) -> List[float]:
     params = [p for p in model.parameters() if p.requires_grad]
 
     # One iteration per step() (max_eval: its line search's budget; the default, 1.25 max_iter,
@@ -282,10 +298,9 @@ def _lbfgs(model, located, target, loss, max_iter: int, tol: float, stopping: _E
     optimizer = fresh()
     evaluations: List[Tuple[torch.Tensor, float, List[torch.Tensor]]] = []
     # Rows in chunks: each chunk's temporaries stay in cache (3x faster at 1M rows than one pass).
-    chunks = [
-        ([at.take(slice(start, start + CHUNK_ROWS)) for at in located], target[start : start + CHUNK_ROWS])
-        for start in range(0, len(target), CHUNK_ROWS)
-    ]
+    rows = [slice(start, start + CHUNK_ROWS) for start in range(0, len(target), CHUNK_ROWS)]
+    chunks = [([at.take(part) for at in located], target[part], weights[part]) for part in rows]
+    total = weights.sum()
 
     def point() -> torch.Tensor:
         return torch.cat([p.detach().flatten() for p in params])
@@ -300,8 +315,8 @@ def _lbfgs(model, located, target, loss, max_iter: int, tol: float, stopping: _E
                 return torch.tensor(value)
         optimizer.zero_grad()
         value = 0.0
-        for part, part_target in chunks:  # the loss is a mean: each chunk weighs its share
-            share = loss(model.evaluate(part), part_target) * (len(part_target) / len(target))
+        for part, part_target, part_weights in chunks:  # each chunk adds its share of the mean
+            share = (loss(model.evaluate(part), part_target) * part_weights).sum() / total
             share.backward()
             value += share.item()
         evaluations.append((here, value, [p.grad.clone() for p in params]))
@@ -329,7 +344,9 @@ def _lbfgs(model, located, target, loss, max_iter: int, tol: float, stopping: _E
     return curve[1:]
 
 
-def _adam(model, located, target, loss, max_iter, learning_rate, batch, generator, stopping) -> List[float]:
+def _adam(
+    model, located, target, weights, loss, max_iter, learning_rate, batch, generator, stopping
+) -> List[float]:
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     curve: List[float] = []
     count = len(target)
@@ -338,12 +355,14 @@ def _adam(model, located, target, loss, max_iter, learning_rate, batch, generato
         total = 0.0
         for start in range(0, count, batch):
             rows = slice(None) if order is None else order[start : start + batch]
-            step_loss = loss(model.evaluate([at.take(rows) for at in located]), target[rows])
+            batch_weights = weights[rows]
+            losses = loss(model.evaluate([at.take(rows) for at in located]), target[rows]) * batch_weights
+            step_loss = losses.sum() / batch_weights.sum()
             optimizer.zero_grad()
             step_loss.backward()
             optimizer.step()
-            total += step_loss.item() * (count if order is None else len(rows))
-        curve.append(total / count)
+            total += losses.sum().item()
+        curve.append(total / weights.sum().item())
         if stopping.should_stop():
             break
     return curve
