@@ -161,6 +161,7 @@ class _LatticeEstimator(BaseEstimator):
         random_state: Optional[int] = 0,
         kind: str = "lattice",
         torch_threads: Optional[int] = 1,
+        ordinal: bool = False,
     ):
         self.features = features
         self.lattice_size = lattice_size
@@ -177,6 +178,7 @@ class _LatticeEstimator(BaseEstimator):
         self.random_state = random_state
         self.kind = kind
         self.torch_threads = torch_threads
+        self.ordinal = ordinal  # LatticeClassifier's: its classes are ordered
 
     # ------------------------------------------------------------------------------- inputs
 
@@ -404,6 +406,8 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     def fit(self, X, y, sample_weight=None):
         """Learns keypoints, categories and parameters from X (array or DataFrame) and y, each
         sample's squared error weighted by ``sample_weight`` (None: equal)."""
+        if self.ordinal:
+            raise ValueError("ordinal=True is LatticeClassifier's: a regression target is already ordered")
         x = self._prepare(X, fitting=True)
         target = regression_target(y, len(x))
         weights = sample_weights(sample_weight, len(x))
@@ -455,35 +459,8 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
     lattice's score through a cumulative-link head (:mod:`~fastload.monotonic.ordinal`), so
     P(y >= classes_[k]) is monotone in every declared feature for every k. ``decision_function`` gives the
     scores, ``predict_proba`` the probabilities, ``score`` the accuracy. Parameters as
-    :class:`LatticeRegressor`'s.
+    :class:`LatticeRegressor`'s, and ``ordinal``.
     """
-
-    def __init__(
-        self,
-        features: Optional[Dict[Union[str, int], Any]] = None,
-        lattice_size: int = 2,
-        num_keypoints: int = 10,
-        lattice_rank: int = 4,
-        num_lattices: Optional[int] = None,
-        max_iter: int = 300,
-        solver: str = "lbfgs",
-        tol: float = 1e-2,
-        learning_rate: float = 0.05,
-        batch_size: Optional[int] = None,
-        validation_fraction: Optional[float] = None,
-        n_iter_no_change: int = 20,
-        random_state: Optional[int] = 0,
-        kind: str = "lattice",
-        torch_threads: Optional[int] = 1,
-        ordinal: bool = False,
-    ):
-        # Spelled out, not **kwargs: scikit-learn reads an estimator's parameters from here.
-        super().__init__(
-            features, lattice_size, num_keypoints, lattice_rank, num_lattices, max_iter, solver, tol,
-            learning_rate, batch_size, validation_fraction, n_iter_no_change, random_state, kind,
-            torch_threads,
-        )  # fmt: skip
-        self.ordinal = ordinal
 
     def fit(self, X, y, sample_weight=None):
         """Learns keypoints, categories and parameters from X (array or DataFrame) and labels y,
