@@ -17,7 +17,7 @@ from torch import nn
 
 from fastload.monotonic.constraints import inverse_softplus
 
-__all__ = ["CumulativeLink", "class_probabilities", "ordinal_loss"]
+__all__ = ["CumulativeLink", "class_log_probabilities", "class_probabilities", "ordinal_loss"]
 
 
 class CumulativeLink(nn.Module):
@@ -49,14 +49,18 @@ def class_probabilities(cumulative: torch.Tensor) -> torch.Tensor:
     return (padded[:, :-1] - padded[:, 1:]).clamp(min=0)
 
 
-def ordinal_loss(cumulative: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Each sample's negative log-likelihood of its class ``codes`` (0 .. K - 1), (N,), in a form
-    that stays finite:
-    log(sigmoid(a) - sigmoid(b)) = log sigmoid(a) + log sigmoid(-b) + log(1 - exp(b - a)) for
-    a = s - t_k > b = s - t_{k+1}, where a - b = t_{k+1} - t_k does not depend on s."""
+def class_log_probabilities(cumulative: torch.Tensor) -> torch.Tensor:
+    """(N, K - 1) cumulative log-odds -> (N, K) log class probabilities, in a form that stays
+    finite: log(sigmoid(a) - sigmoid(b)) = log sigmoid(a) + log sigmoid(-b) + log(1 - exp(b - a))
+    for a = s - t_k > b = s - t_{k+1}, where a - b = t_{k+1} - t_k does not depend on s. A
+    softmax of them gives the class probabilities back, so cross-entropy on them is the
+    ordinal likelihood."""
     infinite = torch.full_like(cumulative[:, :1], float("inf"))
-    above = torch.cat([infinite, cumulative], 1).gather(1, codes[:, None])[:, 0]  # s - t_k
-    below = torch.cat([cumulative, -infinite], 1).gather(1, codes[:, None])[:, 0]  # s - t_{k+1}
-    gap = above - below
-    log_likelihood = F.logsigmoid(above) + F.logsigmoid(-below) + torch.log(-torch.expm1(-gap))
-    return -log_likelihood
+    above = torch.cat([infinite, cumulative], 1)  # s - t_k, t_0 = -inf
+    below = torch.cat([cumulative, -infinite], 1)  # s - t_{k+1}, t_K = +inf
+    return F.logsigmoid(above) + F.logsigmoid(-below) + torch.log(-torch.expm1(below - above))
+
+
+def ordinal_loss(cumulative: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Each sample's negative log-likelihood of its class ``codes`` (0 .. K - 1), (N,)."""
+    return -class_log_probabilities(cumulative).gather(1, codes[:, None])[:, 0]
