@@ -93,3 +93,14 @@ def test_the_loss_in_chunks_trains_the_model_of_one_pass(monkeypatch):
     chunked = LatticeRegressor(features={"x0": "increasing"}, max_iter=20, tol=0).fit(X, y)
     np.testing.assert_allclose(chunked.loss_curve_, one_pass.loss_curve_, rtol=1e-3)
     np.testing.assert_allclose(chunked.predict(X), one_pass.predict(X), atol=1e-3)
+
+
+def test_a_seed_gives_the_same_fit_with_or_without_the_sample_stage(monkeypatch):
+    X = uniform_rows(1200, 3)
+    y = X[:, 0] + (X[:, 1] > 0.4) + 0.1 * np.random.default_rng(4).normal(size=len(X))
+    fits = [LatticeRegressor(random_state=7).fit(X, y) for _ in range(2)]
+    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))
+    monkeypatch.setattr(fitting, "SUBSAMPLE_ROWS", 400)
+    sampled = [LatticeRegressor(random_state=7).fit(X, y) for _ in range(2)]
+    np.testing.assert_array_equal(sampled[0].predict(X), sampled[1].predict(X))
+    assert sampled[0].keypoints_ == fits[0].keypoints_  # placed from every row below 2^18
