@@ -153,7 +153,7 @@ class _LatticeEstimator(BaseEstimator):
         num_lattices: Optional[int] = None,
         max_iter: int = 300,
         solver: str = "lbfgs",
-        tol: float = 1e-2,
+        tol: float = 2e-2,
         learning_rate: float = 0.05,
         batch_size: Optional[int] = None,
         validation_fraction: Optional[float] = None,
