@@ -310,14 +310,15 @@ def fit_fastload(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float 
 
 
 def fit_lattice_regressor(x, y, monotonicities, seed: int, steps: int = STEPS, lr: float = LR):
-    """fastload's estimator as a user would call it: its own quantile keypoints (10 per feature),
+    """fastload's estimator as a user would call it: its own keypoints (10 per feature, placed by the data and the target),
     standardized targets, a lattice of size 3 (an ensemble past 4 features). Minibatches of
     BATCH_ROWS over all rows (no validation split) for ``_epochs`` epochs: the same Adam steps as
-    the layers' row."""
+    the layers' row (``solver="adam"``; the estimator's default is L-BFGS over all rows)."""
     model = LatticeRegressor(
         features={j: {1: "increasing", -1: "decreasing"}[m] for j, m in enumerate(monotonicities) if m},
         lattice_size=3,
         num_keypoints=10,
+        solver="adam",
         max_iter=_epochs(len(x), steps),
         batch_size=BATCH_ROWS,
         learning_rate=lr,

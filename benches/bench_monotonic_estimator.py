@@ -1,14 +1,23 @@
-"""Benchmark of `fastload.monotonic.LatticeRegressor`'s fit time by torch thread count, and its
-accuracy beside scikit-learn's HistGradientBoostingRegressor with the same monotone constraints.
+"""Benchmark of `fastload.monotonic.LatticeRegressor` / `LatticeClassifier` against scikit-learn's
+HistGradientBoosting with the same monotone constraints: fit time, test error, their ratios.
 
-The task: 8 uniform features, y = x0 + sqrt(x1) + x2^2 - x3 + sin(3 x4) x5 + x6 x7 / 2 + noise
-(sd 0.1), declared increasing in x0-x2 and decreasing in x3; test RMSE against the noiseless
-target on 5,000 fresh rows. Per size, `--repeats` fits of each setting, interleaved (so load
-drifts hit both alike): `torch_threads=1` (the default), `torch_threads=None` (torch's own
-count), and the gradient-boosting reference. Prints medians of the fit seconds, the ratio, the
-test RMSEs and the worst monotonicity violation `check_monotone` finds on the test rows.
+The tasks (issue #36): 6 uniform features on [0, 1], all declared monotone (x2 decreasing, the rest
+increasing). With the smooth score s = 2 x0 + sqrt(x1) - x2^2 + 0.5 x3 x4:
 
-    python benches/bench_monotonic_estimator.py [--sizes 1000,10000] [--repeats 3]
+* smooth:  y = s + noise (sd 0.1); test MSE against the noiseless target
+* step:    y = 2 [x5 > 0.5] + noise (sd 0.1); test MSE against the noiseless target
+* binary:  y = [s + noise (sd 0.3) > 1.2]; test log-loss
+* ordinal: y = 0..3, s + noise (sd 0.3) cut at 0.6, 1.2, 1.8; test log-loss. LatticeClassifier
+  with ordinal=True; HGB's classifier refuses monotonic_cst for more than two classes, so its
+  row is unconstrained.
+
+Test errors are on 5,000 fresh rows. Models use their defaults (HGB with `random_state=0`). Per
+size and task, `--repeats` fits of each model, interleaved, so load drifts hit all alike; medians
+of the fit seconds. Ratios are the lattice model's over HGB's, from the same run. HGB also runs
+with its OpenMP pool limited to one thread (threadpoolctl), as the lattice model's default
+`torch_threads=1`: on a loaded machine OpenMP's spinning threads can slow it down many times.
+
+    python benches/bench_monotonic_estimator.py [--sizes 10000,100000] [--tasks smooth,step] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -17,69 +26,128 @@ import argparse
 import os
 import statistics
 import time
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 import torch
 
-from fastload.monotonic import LatticeRegressor
+from fastload.monotonic import LatticeClassifier, LatticeRegressor
 
-FEATURES = {"x0": "increasing", "x1": "increasing", "x2": "increasing", "x3": "decreasing"}
+FEATURES = {"x0": "increasing", "x1": "increasing", "x2": "decreasing", "x3": "increasing",
+            "x4": "increasing", "x5": "increasing"}  # fmt: skip
+MONOTONIC_CST = [1, 1, -1, 1, 1, 1]
+CLASSIFIERS = ("binary", "ordinal")
+TASKS = ("smooth", "step") + CLASSIFIERS
 
 
-def task(n: int, seed: int):
-    """(X, noisy y, noiseless target)."""
+def smooth_score(X: np.ndarray) -> np.ndarray:
+    return 2 * X[:, 0] + np.sqrt(X[:, 1]) - X[:, 2] ** 2 + 0.5 * X[:, 3] * X[:, 4]
+
+
+def task(name: str, n: int, seed: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, what the test error compares with: the noiseless target, or y itself)."""
     rng = np.random.default_rng(seed)
-    X = rng.uniform(0, 1, (n, 8))
-    target = (
-        X[:, 0]
-        + np.sqrt(X[:, 1])
-        + X[:, 2] ** 2
-        - X[:, 3]
-        + np.sin(3 * X[:, 4]) * X[:, 5]
-        + 0.5 * X[:, 6] * X[:, 7]
-    )
+    X = rng.uniform(0, 1, (n, len(FEATURES)))
+    if name in CLASSIFIERS:
+        noisy = smooth_score(X) + 0.3 * rng.normal(size=n)
+        y = (noisy > 1.2).astype(int) if name == "binary" else np.digitize(noisy, [0.6, 1.2, 1.8])
+        return X, y, y
+    target = smooth_score(X) if name == "smooth" else 2.0 * (X[:, 5] > 0.5)
     return X, target + 0.1 * rng.normal(size=n), target
+
+
+class OneThread:
+    """``estimator`` fitted with its OpenMP pool limited to one thread."""
+
+    def __init__(self, estimator):
+        self.estimator = estimator
+
+    def fit(self, X, y):
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            self.estimator.fit(X, y)
+        return self
+
+    def __getattr__(self, name):
+        return getattr(self.estimator, name)
+
+
+def models(name: str) -> Dict[str, Callable[[], object]]:
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+    if name in CLASSIFIERS:
+        constraints = MONOTONIC_CST if name == "binary" else None
+
+        def lattice():
+            return LatticeClassifier(features=FEATURES, ordinal=name == "ordinal")
+
+        def hgb():
+            return HistGradientBoostingClassifier(monotonic_cst=constraints, random_state=0)
+    else:
+
+        def lattice():
+            return LatticeRegressor(features=FEATURES)
+
+        def hgb():
+            return HistGradientBoostingRegressor(monotonic_cst=MONOTONIC_CST, random_state=0)
+
+    return {"lattice": lattice, "HGB": hgb, "HGB 1 thread": lambda: OneThread(hgb())}
+
+
+def test_error(name: str, estimator, X: np.ndarray, truth: np.ndarray) -> float:
+    if name in CLASSIFIERS:
+        probabilities = np.clip(estimator.predict_proba(X), 1e-15, 1)
+        return float(-np.mean(np.log(probabilities[np.arange(len(truth)), truth])))
+    return float(np.mean((estimator.predict(X) - truth) ** 2))
+
+
+def measure(name: str, size: int, repeats: int) -> Dict[str, Tuple[float, float, float]]:
+    """Per model: (median fit seconds, test error, worst monotonicity violation or NaN)."""
+    X, y, _ = task(name, size, seed=0)
+    X_test, _, truth = task(name, 5000, seed=1)
+    makers = models(name)
+    seconds: Dict[str, list] = {model: [] for model in makers}
+    fitted = {}
+    for _ in range(repeats):
+        for model, make in makers.items():
+            started = time.perf_counter()
+            fitted[model] = make().fit(X, y)
+            seconds[model].append(time.perf_counter() - started)
+    results = {}
+    for model, estimator in fitted.items():
+        worst = float("nan")
+        if hasattr(estimator, "check_monotone"):
+            worst = max(estimator.check_monotone(X_test[:500]).values())
+        results[model] = (
+            statistics.median(seconds[model]),
+            test_error(name, estimator, X_test, truth),
+            worst,
+        )
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1000,10000", help="training rows, comma-separated")
+    parser.add_argument("--sizes", default="10000,100000", help="training rows, comma-separated")
+    parser.add_argument("--tasks", default="smooth,step", help=f"of {','.join(TASKS)}")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from sklearn.ensemble import HistGradientBoostingRegressor
-
-    X_test, _, target_test = task(5000, seed=1)
-    settings = {
-        "LatticeRegressor torch_threads=1": lambda: LatticeRegressor(features=FEATURES, torch_threads=1),
-        f"LatticeRegressor torch_threads=None ({torch.get_num_threads()})": lambda: LatticeRegressor(
-            features=FEATURES, torch_threads=None
-        ),
-        "HistGradientBoostingRegressor monotonic_cst": lambda: HistGradientBoostingRegressor(
-            monotonic_cst=[1, 1, 1, -1, 0, 0, 0, 0], random_state=0
-        ),
-    }
     print(f"load average before: {os.getloadavg()[0]:.2f}; torch {torch.__version__}, {os.cpu_count()} CPUs")
-    print("| rows | model | fit s (median) | test RMSE | worst violation |")
-    print("|---:|---|---:|---:|---:|")
+    print("| rows | target | lattice fit / error | HGB fit / error | fit ratio | error ratio "
+          "| HGB 1 thread fit | fit ratio to it | worst violation |")  # fmt: skip
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|")
     for size in [int(s) for s in args.sizes.split(",")]:
-        X, y, _ = task(size, seed=0)
-        seconds = {name: [] for name in settings}
-        fitted = {}
-        for _ in range(args.repeats):
-            for name, make in settings.items():
-                started = time.perf_counter()
-                fitted[name] = make().fit(X, y)
-                seconds[name].append(time.perf_counter() - started)
-        for name, model in fitted.items():
-            rmse = float(np.sqrt(np.mean((model.predict(X_test) - target_test) ** 2)))
-            worst = (
-                max(model.check_monotone(X_test[:500]).values()) if hasattr(model, "check_monotone") else None
+        for name in args.tasks.split(","):
+            results = measure(name, size, args.repeats)
+            (lattice_s, lattice_error, worst), (hgb_s, hgb_error, _) = results["lattice"], results["HGB"]
+            one_s = results["HGB 1 thread"][0]
+            print(
+                f"| {size:,} | {name} | {lattice_s:.2f} s / {lattice_error:.4f} | {hgb_s:.2f} s / {hgb_error:.4f} "
+                f"| {lattice_s / hgb_s:.2f}x | {lattice_error / hgb_error:.2f}x | {one_s:.2f} s "
+                f"| {lattice_s / one_s:.2f}x | {worst:.3g} |",
+                flush=True,
             )
-            shown = "" if worst is None else f"{worst:.3g}"
-            print(f"| {size:,} | {name} | {statistics.median(seconds[name]):.2f} | {rmse:.4f} | {shown} |")
-        names = list(settings)
-        ratio = statistics.median(seconds[names[1]]) / statistics.median(seconds[names[0]])
-        print(f"| {size:,} | torch default / 1 thread | {ratio:.2f}x | | |")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

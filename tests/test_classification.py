@@ -211,6 +211,48 @@ def test_any_classifier_is_monotone_in_each_logit(classes, features, seed, scale
     assert check_monotone(model, images, inputs, num_steps=16) == 0.0
 
 
+@settings(max_examples=15, deadline=None)
+@given(classes=st.integers(2, 5), seed=st.integers(0, 2**16), scale=st.floats(0.1, 5.0))
+def test_an_ordinal_classifier_keeps_every_class_at_least_probability_monotone(classes, seed, scale):
+    """ordinal=True: whatever the parameters, P(class >= k) never falls as a monotone input
+    rises, for every k, and the class probabilities sum to 1."""
+    torch.manual_seed(seed)
+    model = MonotonicClassifier(
+        classes, num_features=3, monotone_inputs=2, in_channels=3, seed=seed, ordinal=True
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    images = torch.randn(6, 3, SIDE, SIDE)
+    inputs = torch.rand(6, 2)
+    sweep = torch.linspace(0, 1, 17)
+    with torch.no_grad():
+        for column in range(2):
+            at_least = []
+            for value in sweep:
+                swept = inputs.clone()
+                swept[:, column] = value
+                probabilities = model(images, swept).exp()
+                at_least.append(probabilities.flip(1).cumsum(1).flip(1))  # P(y >= k), k = 0..K-1
+            steps = torch.stack(at_least).diff(dim=0)
+            assert steps.min() >= -1e-5, (column, steps.min())
+        torch.testing.assert_close(model(images, inputs).exp().sum(1), torch.ones(6))
+
+
+def test_an_ordinal_run_trains_and_rebuilds_and_a_regression_refuses_it(class_store, ages_store, tmp_path):
+    np.save(
+        tmp_path / "m.npy", np.random.default_rng(3).uniform(0, 1, len(Store(class_store))).astype(np.float32)
+    )
+    result = fit(class_store, monotone_inputs=tmp_path / "m.npy", ordinal=True, epochs=6, **FAST)
+    assert result.config["ordinal"] and result.model.link is not None
+    assert result.history[-1]["val_loss"] < 0.9 * result.history[0]["val_loss"]  # it learns
+    rebuilt = build_model(result.config)
+    rebuilt.load_state_dict(result.model.state_dict())
+    assert rebuilt.link is not None
+    with pytest.raises(ValueError, match="ordinal=True orders the classes of a classification"):
+        fit(ages_store, ordinal=True, epochs=1, **FAST)
+
+
 def test_build_model_rebuilds_the_classifier_from_its_config(class_store):
     result = fit(class_store, epochs=1, **FAST)
     rebuilt = build_model(result.config)

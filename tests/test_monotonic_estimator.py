@@ -29,7 +29,19 @@ from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 FAST = {"max_iter": 100}
 
 
-@parametrize_with_checks([LatticeRegressor(max_iter=100), LatticeClassifier(max_iter=30)])
+# scikit-learn checks these estimators fail on purpose, and why.
+EXPECTED_FAILURES = {
+    "check_sample_weight_equivalence_on_dense_data": (
+        "keypoints go to quantiles of the rows, not of the weights, so a weight of 2 and a repeated "
+        "row place them apart and the fits agree only approximately"
+    ),
+}
+
+
+@parametrize_with_checks(
+    [LatticeRegressor(max_iter=100), LatticeClassifier(max_iter=30)],
+    expected_failed_checks=lambda estimator: EXPECTED_FAILURES,
+)
 def test_scikit_learn_contract(estimator, check):
     check(estimator)
 
@@ -59,7 +71,7 @@ def test_regressor_fits_an_array_and_keeps_declared_directions():
     X, y = three_feature_table()
     model = LatticeRegressor(features={"x0": "increasing", 1: "decreasing"}, **FAST).fit(X, y)
     assert model.score(X, y) > 0.9
-    assert model.predict(X).shape == (300,) and model.n_iter_ == 100
+    assert model.predict(X).shape == (300,) and 1 <= model.n_iter_ <= 100  # L-BFGS stops at tol
     assert [f.monotonicity for f in model.features_] == [1, -1, 0]
     assert model.check_monotone(X) == {"x0": 0.0, "x1": 0.0}
     assert not model.model_.training  # the check leaves the model as it found it
@@ -122,7 +134,13 @@ def test_a_classifier_needs_two_classes_and_labels():
 
 def test_early_stopping_keeps_the_best_epoch_and_is_deterministic():
     X, y = three_feature_table()
-    params = {"validation_fraction": 0.2, "n_iter_no_change": 3, "max_iter": 500, "batch_size": 64}
+    params = {
+        "validation_fraction": 0.2,
+        "n_iter_no_change": 3,
+        "max_iter": 500,
+        "batch_size": 64,
+        "solver": "adam",
+    }
     first = LatticeRegressor(**params).fit(X, y)
     assert first.n_iter_ < 500 and len(first.loss_curve_) == first.n_iter_
     np.testing.assert_array_equal(first.predict(X), LatticeRegressor(**params).fit(X, y).predict(X))
@@ -240,3 +258,47 @@ def test_a_calibrated_linear_model_is_convex_in_a_convex_feature():
     assert all(worst <= tolerance for worst in model.check_monotone(X).values())
     with pytest.raises(ValueError, match="kind must be 'lattice' or 'linear'"):
         LatticeRegressor(kind="tree", max_iter=2).fit(X, y)
+
+
+def test_sample_weight_zero_ignores_rows_and_weights_score():
+    X, y = three_feature_table(400)
+    corrupted = y.copy()
+    corrupted[:100] = 10.0  # rows a weight of zero must not pull the fit
+    weights = np.r_[np.zeros(100), np.ones(300)]
+    clean = LatticeRegressor(features={"x0": "increasing"}).fit(X[100:], y[100:])
+    weighted = LatticeRegressor(features={"x0": "increasing"}).fit(X, corrupted, sample_weight=weights)
+    unweighted = LatticeRegressor(features={"x0": "increasing"}).fit(X, corrupted)
+    assert np.abs(weighted.predict(X[100:]) - clean.predict(X[100:])).max() < 0.15
+    assert np.abs(unweighted.predict(X[100:]) - clean.predict(X[100:])).max() > 1.0
+    assert weighted.score(X, corrupted, sample_weight=weights) > 0.9 > weighted.score(X, corrupted)
+    labels = (y > np.median(y)).astype(int)
+    flipped = np.where(np.arange(400) < 100, 1 - labels, labels)
+    classifier = LatticeClassifier().fit(X, flipped, sample_weight=weights)
+    assert classifier.score(X[100:], labels[100:]) > 0.85
+
+
+@pytest.mark.parametrize(
+    "weights, message",
+    [(np.ones(3), "sample_weight.shape"), (-np.ones(400), "non-negative"), (np.zeros(400), "sums to zero")],
+)
+def test_bad_sample_weights_are_refused(weights, message):
+    X, y = three_feature_table(400)
+    with pytest.raises(ValueError, match=message):
+        LatticeRegressor(max_iter=2).fit(X, y, sample_weight=weights)
+
+
+def test_partial_fit_fine_tunes_on_new_rows_keeping_keypoints():
+    X, y = three_feature_table(600)
+    model = LatticeRegressor(features={"x0": "increasing"}).partial_fit(X[:300], y[:300])  # fits
+    keypoints, iterations = [list(k) for k in model.keypoints_], model.n_iter_
+    shifted = y[300:] + 0.5 * X[300:, 0]  # the new rows' target leans further on x0
+    before = np.mean((model.predict(X[300:]) - shifted) ** 2)
+    model.partial_fit(X[300:], shifted)
+    assert [list(k) for k in model.keypoints_] == keypoints and model.n_iter_ > iterations
+    assert np.mean((model.predict(X[300:]) - shifted) ** 2) < 0.5 * before
+    assert model.check_monotone(X) == {"x0": 0.0}
+    labels = (y > np.median(y)).astype(int)
+    classifier = LatticeClassifier().fit(X[:300], labels[:300]).partial_fit(X[300:], labels[300:])
+    assert classifier.score(X, labels) > 0.85
+    with pytest.raises(ValueError, match="not fitted on: 2"):
+        classifier.partial_fit(X[:10], np.full(10, 2))

@@ -7,7 +7,7 @@ learned output of their own. The maps and their guarantees, rounding included, a
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,23 @@ from fastload.monotonic.constraints import (
     output_and_compute_dtypes,
 )
 
-__all__ = ["CategoricalCalibrator", "PWLCalibrator"]
+__all__ = ["CategoricalCalibrator", "Located", "PWLCalibrator"]
+
+
+class Located(NamedTuple):
+    """Where a calibrator's inputs fall: piece (or category) index, position in the piece (0 for
+    a category), missing mask (None: none can be missing) and the output dtype."""
+
+    index: torch.Tensor
+    fraction: torch.Tensor
+    missing: Optional[torch.Tensor]
+    out_dtype: torch.dtype
+
+    def take(self, rows) -> Located:
+        """These inputs' ``rows`` (a minibatch)."""
+        fraction = self.fraction if self.fraction.dim() == 0 else self.fraction[rows]
+        missing = None if self.missing is None else self.missing[rows]
+        return Located(self.index[rows], fraction, missing, self.out_dtype)
 
 
 def _monotone_sequence(
@@ -223,8 +239,12 @@ class PWLCalibrator(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.dim() == 1 or (x.dim() == 2 and x.shape[1] == 1)):
             raise ValueError(f"PWLCalibrator input must have shape (N,) or (N, 1), got {tuple(x.shape)}")
+        return self.interpolate(self.locate(x))
+
+    def locate(self, x: torch.Tensor) -> Located:
+        """Each input's piece and its position in it: the part of :meth:`forward` that does not
+        depend on the parameters, which training computes once for all its steps."""
         out_dtype, dtype = output_and_compute_dtypes(x, self.raw)
-        values = self.keypoint_outputs(dtype)
         x = x.to(dtype)
         missing = None
         if self.missing is not None:
@@ -245,12 +265,20 @@ class PWLCalibrator(nn.Module):
                 0, len(keypoints) - 2
             )
             fraction = (x - keypoints[index]) / (keypoints[index + 1] - keypoints[index])
-        # One lookup of each cell's (start, end) pair: indexing's backward is the costly part.
-        ends = torch.stack([values[:-1], values[1:]], 1)[index]
-        y = monotone_lerp(ends[..., 0], ends[..., 1], fraction)
-        if missing is not None:
-            y = torch.where(missing, self.missing.value(dtype), y)
-        return y.to(out_dtype)
+        return Located(index, fraction, missing, out_dtype)
+
+    def interpolate(self, located: Located) -> torch.Tensor:
+        """The outputs at inputs :meth:`locate` placed: each piece's ends interpolated."""
+        dtype = located.fraction.dtype
+        values = self.keypoint_outputs(dtype)
+        # One lookup of each cell's (start, end) pair: the lookup's backward is the costly part,
+        # and index_select's (a sum into each row) is much cheaper than indexing's.
+        pairs = torch.stack([values[:-1], values[1:]], 1)
+        ends = pairs.index_select(0, located.index.flatten()).view(*located.index.shape, 2)
+        y = monotone_lerp(ends[..., 0], ends[..., 1], located.fraction)
+        if located.missing is not None:
+            y = torch.where(located.missing, self.missing.value(dtype), y)
+        return y.to(located.out_dtype)
 
     def extra_repr(self) -> str:
         return (
@@ -315,6 +343,11 @@ class CategoricalCalibrator(nn.Module):
             raise ValueError(
                 f"CategoricalCalibrator input must have shape (N,) or (N, 1), got {tuple(x.shape)}"
             )
+        return self.interpolate(self.locate(x))
+
+    def locate(self, x: torch.Tensor) -> Located:
+        """Each input's category code, checked: the part of :meth:`forward` that does not depend
+        on the parameters."""
         out_dtype = torch.promote_types(x.dtype, self.raw.dtype) if x.is_floating_point() else self.raw.dtype
         dtype = torch.promote_types(out_dtype, torch.float32)
         codes = x.to(torch.float64)
@@ -324,9 +357,15 @@ class CategoricalCalibrator(nn.Module):
             raise ValueError(
                 f"category codes must be integers in [0, {self.num_categories - 1}] (or NaN: missing)"
             )
-        y = self.category_outputs(dtype)[codes.nan_to_num(0.0).long()]
+        return Located(codes.nan_to_num(0.0).long(), torch.zeros((), dtype=dtype), missing, out_dtype)
+
+    def interpolate(self, located: Located) -> torch.Tensor:
+        """The outputs of the categories :meth:`locate` read (NaN, or the learned output, where
+        missing)."""
+        dtype = located.fraction.dtype
+        y = self.category_outputs(dtype)[located.index]
         fill = self.missing.value(dtype) if self.missing is not None else torch.tensor(math.nan, dtype=dtype)
-        return torch.where(missing, fill.to(x.device), y).to(out_dtype)
+        return torch.where(located.missing, fill.to(y.device), y).to(located.out_dtype)
 
     def extra_repr(self) -> str:
         return (

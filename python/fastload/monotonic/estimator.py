@@ -8,7 +8,9 @@ Lattice and pytorch-lattice build): each feature goes through its own calibrator
 :class:`~fastload.monotonic.CategoricalCalibrator`) into a
 :class:`~fastload.monotonic.Lattice` (a
 :class:`~fastload.monotonic.LatticeEnsemble` past ``lattice_rank`` features), trained
-with Adam on the CPU from a fixed seed. The guarantees are the layers' (stated in
+with L-BFGS over all the rows on the CPU from a fixed seed (:func:`~fastload.monotonic.fitting.train_table_model`
+says why), each numeric feature's keypoints placed by the data and the target
+(:mod:`~fastload.monotonic.keypoints`). The guarantees are the layers' (stated in
 :mod:`fastload.monotonic.constraints`): monotone by construction after every step, exactly under rounding in each
 calibrator and in a lattice's first monotone input, within a stated rounding bound in the others;
 :meth:`check_monotone` measures it on data. They cover present values: a missing value (NaN,
@@ -57,6 +59,7 @@ declarations and encoding in :mod:`~fastload.monotonic.features`, the model and 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -76,6 +79,7 @@ from fastload.monotonic.features import (
     declare_columns,
     encode_columns,
     regression_target,
+    sample_weights,
     table_columns,
 )
 from fastload.monotonic.fitting import (
@@ -84,6 +88,8 @@ from fastload.monotonic.fitting import (
     torch_threads,
     train_table_model,
 )
+from fastload.monotonic.keypoints import place_keypoints
+from fastload.monotonic.ordinal import class_probabilities, ordinal_loss
 from fastload.monotonic.persistence import (
     check_lattice_shapes,
     load_checked_state,
@@ -115,17 +121,20 @@ except ImportError:  # the same methods without it
             return self
 
     class RegressorMixin:  # type: ignore[no-redef]
-        def score(self, X, y) -> float:
-            """R^2 of ``predict(X)`` against y."""
+        def score(self, X, y, sample_weight=None) -> float:
+            """R^2 of ``predict(X)`` against y, weighted by ``sample_weight``."""
             y = np.asarray(y, dtype=np.float64).ravel()
-            residual = ((y - self.predict(X)) ** 2).sum()
-            total = ((y - y.mean()) ** 2).sum()
+            weights = (
+                np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+            )
+            residual = (weights * (y - self.predict(X)) ** 2).sum()
+            total = (weights * (y - np.average(y, weights=weights)) ** 2).sum()
             return 1.0 - residual / total if total > 0 else float(residual == 0)
 
     class ClassifierMixin:  # type: ignore[no-redef]
-        def score(self, X, y) -> float:
-            """Accuracy of ``predict(X)`` against y."""
-            return float(np.mean(self.predict(X) == np.asarray(y).ravel()))
+        def score(self, X, y, sample_weight=None) -> float:
+            """Accuracy of ``predict(X)`` against y, weighted by ``sample_weight``."""
+            return float(np.average(self.predict(X) == np.asarray(y).ravel(), weights=sample_weight))
 
 
 __all__ = ["LatticeClassifier", "LatticeRegressor"]
@@ -143,6 +152,8 @@ class _LatticeEstimator(BaseEstimator):
         lattice_rank: int = 4,
         num_lattices: Optional[int] = None,
         max_iter: int = 300,
+        solver: str = "lbfgs",
+        tol: float = 2e-2,
         learning_rate: float = 0.05,
         batch_size: Optional[int] = None,
         validation_fraction: Optional[float] = None,
@@ -150,6 +161,7 @@ class _LatticeEstimator(BaseEstimator):
         random_state: Optional[int] = 0,
         kind: str = "lattice",
         torch_threads: Optional[int] = 1,
+        ordinal: bool = False,
     ):
         self.features = features
         self.lattice_size = lattice_size
@@ -157,6 +169,8 @@ class _LatticeEstimator(BaseEstimator):
         self.lattice_rank = lattice_rank
         self.num_lattices = num_lattices
         self.max_iter = max_iter
+        self.solver = solver
+        self.tol = tol
         self.learning_rate = learning_rate
         self.batch_size = batch_size
         self.validation_fraction = validation_fraction
@@ -164,6 +178,7 @@ class _LatticeEstimator(BaseEstimator):
         self.random_state = random_state
         self.kind = kind
         self.torch_threads = torch_threads
+        self.ordinal = ordinal  # LatticeClassifier's: its classes are ordered
 
     # ------------------------------------------------------------------------------- inputs
 
@@ -205,6 +220,15 @@ class _LatticeEstimator(BaseEstimator):
             return int(self.random_state.randint(2**31))
         return int(self.random_state)
 
+    def _place_keypoints(self, x: torch.Tensor, target: np.ndarray) -> None:
+        """Moves each numeric feature's keypoints to where ``target`` changes along it
+        (:func:`place_keypoints`)."""
+        columns = [None if f.categorical else x[:, j].double().numpy() for j, f in enumerate(self.features_)]
+        counts = [f.num_keypoints or self.num_keypoints for f in self.features_]
+        for j, points in enumerate(place_keypoints(columns, target, counts, self.seed_)):
+            if points is not None:
+                self.keypoints_[j] = points
+
     def _build(self, num_outputs: int, seed: int) -> TableModel:
         return TableModel(
             self.features_,
@@ -216,11 +240,24 @@ class _LatticeEstimator(BaseEstimator):
             num_outputs,
             seed,
             self.kind,
+            self._ordinal_classes(),
         )
 
-    def _train(self, x: torch.Tensor, target: torch.Tensor, num_outputs: int, loss) -> None:
-        """Builds the model from ``random_state`` and trains it (:func:`train_table_model`) on
-        ``torch_threads`` threads."""
+    def _ordinal_classes(self) -> Optional[int]:
+        """Classes of a cumulative-link head (ordered classes), None without one."""
+        return None
+
+    def _train(
+        self,
+        x: torch.Tensor,
+        target: torch.Tensor,
+        num_outputs: int,
+        loss,
+        placement: Optional[np.ndarray],
+        weights: Optional[np.ndarray],
+    ) -> None:
+        """Builds the model from ``random_state`` and trains it (:func:`train_table_model`, each
+        sample's ``loss`` weighted by ``weights``) on ``torch_threads`` threads."""
         with torch_threads(self.torch_threads):
             for name in ("max_iter", "n_iter_no_change"):
                 if int(getattr(self, name)) < 1:
@@ -228,22 +265,38 @@ class _LatticeEstimator(BaseEstimator):
             if not self.learning_rate > 0:
                 raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
             self.seed_ = self._seed()  # load builds the same ensemble subsets from it
+            if placement is not None:
+                self._place_keypoints(x, placement)
             model = self._build(num_outputs, self.seed_)
             self.loss_curve_: List[float] = train_table_model(
-                model,
-                x,
-                target,
-                loss,
-                seed=self.seed_,
-                max_iter=self.max_iter,
-                learning_rate=self.learning_rate,
-                batch_size=self.batch_size,
-                validation_fraction=self.validation_fraction,
-                n_iter_no_change=self.n_iter_no_change,
+                model, x, target, loss, **self._training_options(weights)
             )
             check_finite_parameters(model)
             self.n_iter_ = len(self.loss_curve_)
             self.model_ = model.eval()
+
+    def _resume(self, x: torch.Tensor, target: torch.Tensor, loss, weights: Optional[np.ndarray]) -> None:
+        """partial_fit's training: the fitted model, trained further on these rows."""
+        with torch_threads(self.torch_threads):
+            model = self.model_.train()
+            curve = train_table_model(model, x, target, loss, **self._training_options(weights))
+            check_finite_parameters(model)
+            self.loss_curve_ = list(self.loss_curve_) + curve
+            self.n_iter_ = len(self.loss_curve_)
+            self.model_ = model.eval()
+
+    def _training_options(self, weights: Optional[np.ndarray]) -> Dict[str, Any]:
+        return {
+            "weights": None if weights is None else torch.tensor(weights, dtype=torch.float32),
+            "seed": self.seed_,
+            "solver": self.solver,
+            "max_iter": self.max_iter,
+            "tol": self.tol,
+            "learning_rate": self.learning_rate,
+            "batch_size": self.batch_size,
+            "validation_fraction": self.validation_fraction,
+            "n_iter_no_change": self.n_iter_no_change,
+        }
 
     # ------------------------------------------------------------------------------ output
 
@@ -339,7 +392,10 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     (vertices per lattice dimension), ``num_keypoints`` (quantile keypoints per numeric
     feature), ``lattice_rank`` (features per lattice; with more features an ensemble of
     ``num_lattices`` lattices, by default enough to use each feature about twice),
-    ``max_iter`` (epochs), ``learning_rate`` (Adam's), ``batch_size`` (None: full batch),
+    ``solver`` ("lbfgs": full-batch L-BFGS, the default and fastest; "adam": Adam, for
+    minibatches), ``max_iter`` (L-BFGS iterations or Adam epochs), ``tol`` (L-BFGS stops once 5
+    iterations improved the training loss by less than this fraction, twice in a row),
+    ``learning_rate`` (Adam's), ``batch_size`` (Adam's; None: full batch),
     ``validation_fraction`` and ``n_iter_no_change`` (early stopping), ``random_state`` (an
     int, a RandomState or None for a fresh seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
     ``torch_threads`` (torch's intra-op threads while fitting and predicting, restored after;
@@ -347,15 +403,37 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     setting).
     """
 
-    def fit(self, X, y):
-        """Learns keypoints, categories and parameters from X (array or DataFrame) and y."""
+    def fit(self, X, y, sample_weight=None):
+        """Learns keypoints, categories and parameters from X (array or DataFrame) and y, each
+        sample's squared error weighted by ``sample_weight`` (None: equal)."""
+        if self.ordinal:
+            raise ValueError("ordinal=True is LatticeClassifier's: a regression target is already ordered")
         x = self._prepare(X, fitting=True)
         target = regression_target(y, len(x))
-        self.y_mean_ = float(target.mean())
-        self.y_scale_ = float(target.std()) or 1.0
+        weights = sample_weights(sample_weight, len(x))
+        self.y_mean_ = float(np.average(target, weights=weights))
+        self.y_scale_ = float(np.sqrt(np.average((target - self.y_mean_) ** 2, weights=weights))) or 1.0
         standardized = torch.tensor((target - self.y_mean_) / self.y_scale_, dtype=torch.float32)
-        self._train(x, standardized, 1, lambda out, t: F.mse_loss(out[:, 0], t))
+        self._train(x, standardized, 1, self._squared_error, target, weights)
         return self
+
+    def partial_fit(self, X, y, sample_weight=None):
+        """Fine-tunes a fitted regressor on more rows (``max_iter`` more iterations from its
+        parameters, on its target scale), keeping its keypoints and categories; an unfitted one
+        is fitted."""
+        if not hasattr(self, "model_"):
+            return self.fit(X, y, sample_weight)
+        x = self._prepare(X, fitting=False)
+        standardized = (regression_target(y, len(x)) - self.y_mean_) / self.y_scale_
+        loss = self._squared_error
+        self._resume(
+            x, torch.tensor(standardized, dtype=torch.float32), loss, sample_weights(sample_weight, len(x))
+        )
+        return self
+
+    @staticmethod
+    def _squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (out[:, 0] - target) ** 2
 
     def predict(self, X) -> np.ndarray:
         scores = self._scores(X)[:, 0].double().numpy()
@@ -376,38 +454,93 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
     is monotone in each case).
 
     Binary: one lattice scores ``classes_[1]`` against ``classes_[0]`` (logistic loss).
-    Multi-class: one lattice per class, softmax cross-entropy. ``decision_function`` gives the
+    Multi-class: one lattice per class, softmax cross-entropy. Ordered classes (``ordinal=True``,
+    in ``np.unique`` order, or an ordered pandas Categorical y, in its categories' order): one
+    lattice's score through a cumulative-link head (:mod:`~fastload.monotonic.ordinal`), so
+    P(y >= classes_[k]) is monotone in every declared feature for every k. ``decision_function`` gives the
     scores, ``predict_proba`` the probabilities, ``score`` the accuracy. Parameters as
-    :class:`LatticeRegressor`'s.
+    :class:`LatticeRegressor`'s, and ``ordinal``.
     """
 
-    def fit(self, X, y):
-        """Learns keypoints, categories and parameters from X (array or DataFrame) and labels y."""
+    def fit(self, X, y, sample_weight=None):
+        """Learns keypoints, categories and parameters from X (array or DataFrame) and labels y,
+        each sample's log-loss weighted by ``sample_weight`` (None: equal)."""
         x = self._prepare(X, fitting=True)
-        self.classes_, codes = np.unique(class_labels(y, len(x)), return_inverse=True)
+        labels = class_labels(y, len(x))
+        weights = sample_weights(sample_weight, len(x))
+        ordered = bool(getattr(getattr(y, "cat", None), "ordered", False))
+        if ordered:  # an ordered pandas Categorical: its order, the categories present
+            present = set(labels.tolist())
+            self.classes_ = np.array(
+                [c for c in y.cat.categories.tolist() if c in present], dtype=labels.dtype
+            )
+            lookup = {c: i for i, c in enumerate(self.classes_.tolist())}
+            codes = np.array([lookup[c] for c in labels.tolist()])
+        else:
+            self.classes_, codes = np.unique(labels, return_inverse=True)
+        self.ordinal_ = (bool(self.ordinal) or ordered) and len(self.classes_) > 2
         if len(self.classes_) < 2:
             raise ValueError(
                 f"{type(self).__name__} needs samples of at least 2 classes in the data, but the data "
                 f"contains only one class: {self.classes_[0]!r}"
             )
         codes = torch.tensor(codes.ravel(), dtype=torch.int64)
-        if len(self.classes_) == 2:
-            self._train(x, codes.float(), 1, lambda out, t: F.binary_cross_entropy_with_logits(out[:, 0], t))
-        else:
-            self._train(x, codes, len(self.classes_), F.cross_entropy)
+        # Ordered classes and two classes are an order along which the target changes;
+        # codes of unordered classes are no such scale, so they keep quantile keypoints.
+        placement = codes.numpy() if len(self.classes_) == 2 or self.ordinal_ else None
+        self._train(x, self._class_target(codes), self._num_outputs(), self._class_loss(), placement, weights)
         return self
 
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """Fine-tunes a fitted classifier on more rows (``max_iter`` more iterations from its
+        parameters), keeping its keypoints, categories and classes (a label it has not seen
+        is a ValueError); an unfitted one is fitted, and its rows must hold every one of
+        ``classes`` when given (scikit-learn's argument)."""
+        if not hasattr(self, "model_"):
+            self.fit(X, y, sample_weight)
+            if classes is not None and list(np.unique(classes)) != list(self.classes_):
+                del self.model_
+                raise ValueError(
+                    f"the first partial_fit needs rows of every class in classes={list(classes)}, "
+                    f"got {list(self.classes_)}"
+                )
+            return self
+        x = self._prepare(X, fitting=False)
+        lookup = {c: i for i, c in enumerate(self.classes_.tolist())}
+        labels = class_labels(y, len(x)).tolist()
+        unseen = sorted({repr(c) for c in labels if c not in lookup})
+        if unseen:
+            raise ValueError(f"partial_fit got labels the classifier was not fitted on: {', '.join(unseen)}")
+        codes = torch.tensor([lookup[c] for c in labels], dtype=torch.int64)
+        self._resume(x, self._class_target(codes), self._class_loss(), sample_weights(sample_weight, len(x)))
+        return self
+
+    def _class_target(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes.float() if len(self.classes_) == 2 else codes
+
+    def _class_loss(self):
+        """Each sample's loss: logistic (two classes), cumulative-link (ordered), softmax."""
+        if len(self.classes_) == 2:
+            return lambda out, t: F.binary_cross_entropy_with_logits(out[:, 0], t, reduction="none")
+        return ordinal_loss if self.ordinal_ else functools.partial(F.cross_entropy, reduction="none")
+
     def _num_outputs(self) -> int:
-        return 1 if len(self.classes_) == 2 else len(self.classes_)
+        return 1 if len(self.classes_) == 2 or self.ordinal_ else len(self.classes_)
+
+    def _ordinal_classes(self) -> Optional[int]:
+        return len(self.classes_) if self.ordinal_ else None
 
     def decision_function(self, X) -> np.ndarray:
         """Scores: shape (N,) for two classes (the log-odds of ``classes_[1]``), (N, classes)
-        for more."""
+        for more; for ordered classes (N, classes - 1), column k the log-odds of a class at or
+        above ``classes_[k + 1]``, each monotone in the declared features."""
         scores = self._scores(X).double().numpy()
         return scores[:, 0] if len(self.classes_) == 2 else scores
 
     def predict_proba(self, X) -> np.ndarray:
         scores = self.decision_function(X)
+        if self.ordinal_:
+            return class_probabilities(torch.from_numpy(scores)).numpy()
         if len(self.classes_) == 2:
             with np.errstate(over="ignore"):  # exp(large) = inf gives the right 0
                 positive = 1.0 / (1.0 + np.exp(-scores))
@@ -420,12 +553,16 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
             return np.log(self.predict_proba(X))
 
     def predict(self, X) -> np.ndarray:
+        self._check_fitted()
+        if self.ordinal_:
+            return self.classes_[self.predict_proba(X).argmax(1)]
         scores = self.decision_function(X)
         index = (scores > 0).astype(int) if len(self.classes_) == 2 else scores.argmax(1)
         return self.classes_[index]
 
     def _fitted_state(self) -> Dict[str, Any]:
-        return {"classes": [plain_value(c) for c in self.classes_]}
+        return {"classes": [plain_value(c) for c in self.classes_], "ordinal": self.ordinal_}
 
     def _restore(self, fitted: Dict[str, Any]) -> None:
         self.classes_ = np.array(fitted["classes"])
+        self.ordinal_ = bool(fitted.get("ordinal", False))  # files saved before ordered classes

@@ -37,6 +37,7 @@ __all__ = [
     "encode_columns",
     "parse_spec",
     "regression_target",
+    "sample_weights",
     "table_columns",
 ]
 
@@ -432,3 +433,20 @@ def class_labels(y, count: int) -> np.ndarray:
                 "for a continuous target use LatticeRegressor"
             )
     return y
+
+
+def sample_weights(sample_weight, count: int) -> Optional[np.ndarray]:
+    """``sample_weight`` checked: None, or ``count`` finite non-negative numbers, not all zero
+    (a scalar weighs every sample alike)."""
+    if sample_weight is None:
+        return None
+    weights = np.asarray(sample_weight, dtype=np.float64)
+    if weights.ndim == 0:
+        weights = np.full(count, float(weights))
+    if weights.shape != (count,):
+        raise ValueError(f"sample_weight.shape == {weights.shape}, expected {(count,)}!")
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise ValueError("sample_weight must be finite and non-negative")
+    if not weights.sum() > 0:
+        raise ValueError("sample_weight sums to zero: no sample to learn from")
+    return weights

@@ -77,6 +77,7 @@ class TrainConfig:
     backbone: Union[str, nn.Module, None] = "small-cnn"
     num_features: int = 8
     lattice_size: int = 3
+    ordinal: bool = False  # ordered classes: a cumulative-link classifier (MonotonicClassifier)
     size: Optional[int] = None
     weight_decay: float = 0.0
     max_steps: Optional[int] = None

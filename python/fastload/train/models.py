@@ -16,6 +16,7 @@ from fastload._checks import import_optional
 from fastload.monotonic.calibrators import PWLCalibrator
 from fastload.monotonic.constraints import check_inputs
 from fastload.monotonic.lattice import Lattice, LatticeEnsemble, check_lattice_size
+from fastload.monotonic.ordinal import CumulativeLink, class_log_probabilities
 from fastload.options import BACKBONES
 from fastload.train.task import CLASSIFICATION
 
@@ -158,6 +159,12 @@ class MonotonicClassifier(nn.Module):
     guarantees (the lattice output as logits), and :func:`~fastload.monotonic.check_monotone`
     checks every logit at once. The class probabilities are not monotone: a softmax of logits
     that all rise can still fall for one class.
+
+    ``ordinal=True`` (ordered classes: grades, ratings, tiers): one such head gives a score and a
+    :class:`~fastload.monotonic.ordinal.CumulativeLink` turns it into P(y >= k) for every k,
+    each monotone in every extra input; the model returns the log class probabilities
+    (:func:`~fastload.monotonic.ordinal.class_log_probabilities`), so cross-entropy on them is
+    the ordinal likelihood and their argmax the likeliest class.
     """
 
     def __init__(
@@ -170,11 +177,13 @@ class MonotonicClassifier(nn.Module):
         in_channels: int = 3,
         monotone_input_range: Union[Tuple[float, float], Sequence[Tuple[float, float]]] = (0.0, 1.0),
         seed: int = 0,
+        ordinal: bool = False,
     ):
         super().__init__()
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
         self.num_classes = num_classes
+        self.link = CumulativeLink(num_classes) if ordinal else None
         self.backbone = backbone if backbone is not None else SmallCNN(in_channels, num_features)
         low, high = LOGIT_RANGE
         self.heads = nn.ModuleList(
@@ -188,11 +197,13 @@ class MonotonicClassifier(nn.Module):
                 output_max=high,
                 seed=seed,
             )
-            for _ in range(num_classes)
+            for _ in range(1 if ordinal else num_classes)
         )
 
     def forward(self, images: torch.Tensor, monotone_inputs: Optional[torch.Tensor] = None) -> torch.Tensor:
         features = self.backbone(images)
+        if self.link is not None:
+            return class_log_probabilities(self.link(self.heads[0](features, monotone_inputs)))
         return torch.stack([head(features, monotone_inputs) for head in self.heads], 1)
 
 
@@ -236,7 +247,7 @@ def build_model(
         seed=config["seed"],
     )
     if config.get("task") == CLASSIFICATION:
-        return MonotonicClassifier(len(config["class_names"]), **common)
+        return MonotonicClassifier(len(config["class_names"]), ordinal=config.get("ordinal", False), **common)
     output_min, output_max = config["output_range"]
     return MonotonicRegressor(output_min=output_min, output_max=output_max, **common)
 

@@ -153,7 +153,10 @@ class Trainer:
         """What rebuilds the model (build_model) and prepares its images: FitResult.config, and
         what a checkpoint must match to be resumed."""
         backbone = config.backbone
+        if config.ordinal and data.statistics.get("task") != CLASSIFICATION:
+            raise ValueError("ordinal=True orders the classes of a classification; this run is a regression")
         return {
+            **({"ordinal": True} if config.ordinal else {}),  # absent otherwise, as before it existed
             "backbone": backbone if isinstance(backbone, str) else "custom",
             "num_features": config.num_features,
             "lattice_size": config.lattice_size,
