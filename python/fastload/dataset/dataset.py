@@ -121,6 +121,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                     f"indices out of range for {self.path} ({count} records): {bad[:5].tolist()}"
                 )
         self.rank, self.world_size = self._distributed(rank, world_size)
+        # Made outside a process group, with no rank given: checked against one when used.
+        self._alone = world_size is None and not _process_group_size()
         self.prefetch = positive_int(prefetch, "prefetch")
         cuda = torch.cuda.is_available()
         if pin_memory and not cuda:
@@ -164,7 +166,23 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         rank 0 (its loader's length is then this rank's, as without Accelerate)."""
         if accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
             return len(self._plan) * self.world_size
+        self._check_made_in_the_process_group()
         return len(self._plan)
+
+    def _check_made_in_the_process_group(self) -> None:
+        """A dataset made before torch.distributed started takes itself for the only rank: used
+        by the ranks of a process group, each would read the whole store (a DataModule's
+        __init__ runs before Lightning starts the group). Refused, unless Accelerate dispatches
+        it from rank 0, which splits what it reads."""
+        ranks = _process_group_size() if self._alone else 0
+        if ranks > 1:
+            raise ValueError(
+                f"this FastLoadDataset of {self.path} was made before torch.distributed started, so it "
+                f"reads the whole store, but it is used by rank {torch.distributed.get_rank()} of {ranks}: "
+                "each rank would train on every record. Make it once the process group is up (in a "
+                "LightningDataModule: in setup(); with Accelerate: after Accelerator(); else after "
+                "init_process_group), or pass rank= and world_size="
+            )
 
     @property
     def last_batch_size(self) -> int:
@@ -319,6 +337,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         store.check_unchanged()
         if worker is None:
             dispatched = accelerate_loader(self, caller) == DISPATCHED
+            if not dispatched:
+                self._check_made_in_the_process_group()
             return self._claimed_on_first_batch(store, dispatched)
         # A worker learns it from the main process, where Accelerate's loader called set_epoch.
         return self._iteration(store, worker, bool(self._control.numpy()[_DISPATCHED]))
@@ -393,6 +413,12 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 self._progress = None
         finally:
             prefetched.close()
+
+
+def _process_group_size() -> int:
+    """The size of torch.distributed's default process group, 0 when there is none."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _epoch_number(epoch: Any) -> int:
