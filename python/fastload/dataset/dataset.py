@@ -193,7 +193,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def __repr__(self) -> str:
         return (
             f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "
-            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self)} batches)"
+            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self._plan)} batches)"
         )
 
     def __getstate__(self) -> dict:
