@@ -85,6 +85,33 @@ def resume(accelerator, store):
     return {"saved": shared[0], "before": before, "after": after}
 
 
+def accelerate_checkpoint(store, folder):
+    """As `resume`, through Accelerate's own checkpoint: `use_stateful_dataloader=True` and
+    `save_state` / `load_state` (which restores the dataset's state_dict by itself)."""
+    config = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
+    before = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for k, batch in enumerate(loader):
+            step(accelerator, model, optimizer, batch)
+            if epoch == 1:
+                before.append(records(batch))
+                if k + 1 == RESUME_AFTER:
+                    accelerator.save_state(folder)
+                    break
+    accelerator = Accelerator(cpu=True, dataloader_config=config)  # as a restarted job makes it
+    model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
+    accelerator.load_state(folder)
+    loader.set_epoch(1)
+    after = []
+    for batch in loader:
+        after.append(records(batch))
+        step(accelerator, model, optimizer, batch)
+    return {"before": before, "after": after}
+
+
 def refused(config, store):
     """The error a configuration that cannot work raises: in prepare(), else at its first batch
     and at len() (None where none is raised)."""
@@ -109,6 +136,7 @@ def main(store, out_prefix):
     report["default"] = epochs(accelerator, store, 3)
     report["workers=2"] = epochs(accelerator, store, 1, num_workers=2)
     report["resume"] = resume(accelerator, store)
+    report["save_state"] = accelerate_checkpoint(store, f"{out_prefix}.checkpoint")
     report["dispatch_batches=False"] = refused(DataLoaderConfiguration(dispatch_batches=False), store)
     report["split_batches=True"] = refused(DataLoaderConfiguration(split_batches=True), store)
     with open(f"{out_prefix}.{report['rank']}.json", "w") as f:

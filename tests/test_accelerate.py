@@ -104,6 +104,15 @@ def test_a_resume_mid_epoch_gets_exactly_the_batches_not_yet_seen(reports, store
     assert sorted(sum(epoch, [])) == list(range(N))
 
 
+def test_accelerates_own_checkpoint_resumes_exactly_too(reports, store):
+    """use_stateful_dataloader=True, save_state after 2 steps of epoch 1, load_state in a new
+    Accelerator: the dataset state Accelerate saved continues with the steps not yet trained."""
+    for rank, report in enumerate(reports):
+        resumed = report["save_state"]
+        assert len(resumed["before"]) == 2
+        assert resumed["before"] + resumed["after"] == without_accelerate(store, rank, 7, 1)
+
+
 def test_dispatch_batches_false_fails_at_the_first_batch_naming_what_works(reports):
     for report in reports:
         errors = report["dispatch_batches=False"]

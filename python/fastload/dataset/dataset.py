@@ -13,7 +13,7 @@ import torch
 
 from fastload._checks import fspath, is_int
 from fastload.dataset.buffers import BufferPool
-from fastload.dataset.dispatch import DISPATCHED, LOOKAHEAD_STEPS, accelerate_loader
+from fastload.dataset.dispatch import DISPATCHED, accelerate_loader, steps_handed_out
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
 from fastload.dataset.prefetch import Pass
 from fastload.store import PathLike, Store, StoreError, as_indices
@@ -255,8 +255,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             if torch.utils.data.get_worker_info() is not None:
                 position = min(position, self._stream_length(dispatched))  # the worker's own stream
             elif dispatched:
-                # Steps handed to the ranks, less the ones Accelerate fetched ahead.
-                position = max(0, position // self.world_size - LOOKAHEAD_STEPS)
+                position = steps_handed_out(position, self.world_size)
         else:
             ctl = self._control.numpy()
             epoch = int(ctl[_NEXT_EPOCH])

@@ -34,6 +34,15 @@ CALLER_DEPTH = 12
 # handed out: `FastLoadDataset.state_dict` leaves them out.
 LOOKAHEAD_STEPS = 1
 
+
+def steps_handed_out(batches_yielded: int, ranks: int) -> int:
+    """Steps the ranks have had, from the batches rank 0's dataset yielded for them. A step
+    begun counts as fetched: with `use_stateful_dataloader=True` Accelerate saves the state as
+    it was before the last batch of each step it fetches, and that state resumes after the step
+    in training (exact with 2 ranks or more; with one, one step early)."""
+    return max(0, -(-batches_yielded // ranks) - LOOKAHEAD_STEPS)
+
+
 SHARDED = (
     "Accelerate wraps this FastLoadDataset in IterableDatasetShard "
     "(DataLoaderConfiguration(dispatch_batches=False)), which splits a dataset record by record and "
