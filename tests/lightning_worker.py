@@ -3,8 +3,9 @@ strategy="ddp")` fed by a FastLoadDataset from a LightningDataModule. Lightning 
 by running this script again. A store's labels are its record numbers, so each training step
 appends the records it trained on to `OUT.RANK.jsonl` (with its epoch and the loader's length).
 
-Modes: `fit WORKERS` (2 epochs), `crash` (a checkpoint after step CHECKPOINT_STEP, then a crash
-at the next step, in epoch 1), `resume CKPT` (fit(ckpt_path=CKPT) to the end of epoch 1)."""
+Modes, each with a number of DataLoader workers: `fit WORKERS` (2 epochs), `crash WORKERS` (a
+checkpoint after step CHECKPOINT_STEP, then a crash at the next step, in epoch 1), `resume
+WORKERS CKPT` (fit(ckpt_path=CKPT) to the end of epoch 1)."""
 
 import json
 import sys
@@ -73,19 +74,19 @@ def trainer(folder: str, callbacks=()):
     )
 
 
-def main(store: str, out: str, mode: str, arg: str = "") -> None:
+def main(store: str, out: str, mode: str, workers: str, checkpoint: str = "") -> None:
     # The length a FastLoadDataset reports is exact with workers too (README, "With PyTorch Lightning").
     warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
-    folder = out + ".lightning"
+    folder, data = out + ".lightning", Records(store, int(workers))
     if mode == "fit":
-        trainer(folder).fit(Logged(out), Records(store, int(arg)))
+        trainer(folder).fit(Logged(out), data)
     elif mode == "crash":
         every = L.pytorch.callbacks.ModelCheckpoint(
             dirpath=folder, every_n_train_steps=CHECKPOINT_STEP, save_top_k=-1
         )
-        trainer(folder, [every]).fit(Logged(out, crash_at=CHECKPOINT_STEP), Records(store, 0))
+        trainer(folder, [every]).fit(Logged(out, crash_at=CHECKPOINT_STEP), data)
     else:
-        trainer(folder).fit(Logged(out), Records(store, 0), ckpt_path=arg)
+        trainer(folder).fit(Logged(out), data, ckpt_path=checkpoint)
 
 
 if __name__ == "__main__":
