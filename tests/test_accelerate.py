@@ -24,7 +24,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--n
 # thread after Python began to finalize needs the GIL for a Python object its thread-local state
 # holds (the context each backward() stashes there), and that thread exits inside a C++
 # destructor: std::terminate, SIGABRT. Seen now and then on a loaded machine after a script's
-# last output; not fastload's code (gdb: ProcessGroupGloo::runLoop -> ~AsyncWork -> decref).
+# last output, even after destroy_process_group; not fastload's code (gdb: ProcessGroupGloo::
+# runLoop -> ~AsyncWork -> decref; pytorch/pytorch#190489 and #179291 describe it).
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
