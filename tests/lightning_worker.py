@@ -5,7 +5,8 @@ appends the records it trained on to `OUT.RANK.jsonl` (with its epoch and the lo
 
 Modes, each with a number of DataLoader workers: `fit WORKERS` (2 epochs), `crash WORKERS` (a
 checkpoint after step CHECKPOINT_STEP, then a crash at the next step, in epoch 1), `resume
-WORKERS CKPT` (fit(ckpt_path=CKPT) to the end of epoch 1)."""
+WORKERS CKPT` (fit(ckpt_path=CKPT) to the end of epoch 1), `early WORKERS` (the dataset made in
+the DataModule's __init__, before Lightning starts the process group: refused)."""
 
 import json
 import sys
@@ -21,12 +22,15 @@ BATCH, EPOCHS, CHECKPOINT_STEP = 4, 2, 11
 
 
 class Records(L.LightningDataModule):
-    def __init__(self, store: str, num_workers: int):
+    def __init__(self, store: str, num_workers: int, early: bool = False):
         super().__init__()
         self.store, self.num_workers = store, num_workers
+        if early:
+            self.train = FastLoadDataset(self.store, BATCH, seed=3)
 
     def setup(self, stage: str) -> None:
-        self.train = FastLoadDataset(self.store, BATCH, seed=3)  # each rank's process group is up by now
+        if not hasattr(self, "train"):
+            self.train = FastLoadDataset(self.store, BATCH, seed=3)  # each rank's process group is up by now
 
     def train_dataloader(self):
         return StatefulDataLoader(self.train, batch_size=None, num_workers=self.num_workers)
@@ -77,8 +81,8 @@ def trainer(folder: str, callbacks=()):
 def main(store: str, out: str, mode: str, workers: str, checkpoint: str = "") -> None:
     # The length a FastLoadDataset reports is exact with workers too (README, "With PyTorch Lightning").
     warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
-    folder, data = out + ".lightning", Records(store, int(workers))
-    if mode == "fit":
+    folder, data = out + ".lightning", Records(store, int(workers), early=mode == "early")
+    if mode in ("fit", "early"):
         trainer(folder).fit(Logged(out), data)
     elif mode == "crash":
         every = L.pytorch.callbacks.ModelCheckpoint(

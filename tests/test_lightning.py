@@ -96,3 +96,13 @@ def test_a_crash_mid_epoch_resumes_with_exactly_the_records_not_yet_seen(store, 
         epoch = by_epoch(before[rank], 1) + by_epoch(after[rank], 1)
         assert epoch == rank_share(store, BATCH, 3, rank, WORLD, 1)
         assert len(by_epoch(after[rank], 1)) == STEPS - (CHECKPOINT_STEP - STEPS)
+
+
+def test_a_dataset_made_in_the_datamodules_init_is_refused_naming_setup(store):
+    """Made before Lightning starts the process group, each rank's dataset would read the whole
+    store: with workers, where the first batch is made in worker processes, Lightning's len()
+    of the loader already refuses."""
+    result = lightning(store, store.parent / "early", "early", 2, cwd=store.parent, ok=False)
+    assert "ValueError: this FastLoadDataset of" in result.stderr
+    assert "made before torch.distributed started" in result.stderr and "in setup()" in result.stderr
+    assert not Path(f"{store.parent / 'early'}.0.jsonl").exists()  # not one step trained
