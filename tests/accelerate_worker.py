@@ -6,6 +6,7 @@ Writes this rank's report as JSON: the records of each epoch per configuration, 
 mid-epoch, and the error each configuration that cannot work raises at its first batch."""
 
 import json
+import shutil
 import sys
 
 import torch
@@ -87,7 +88,10 @@ def resume(accelerator, store):
 
 def accelerate_checkpoint(store, folder):
     """As `resume`, through Accelerate's own checkpoint: `use_stateful_dataloader=True` and
-    `save_state` / `load_state` (which restores the dataset's state_dict by itself)."""
+    `save_state` / `load_state`, which restores the dataset's state_dict by itself. Every rank
+    writes its loader state to the same file (dl_state_dict.bin), and only rank 0 reads the
+    dataset: a run resumes exactly when rank 0's state was written last, and refuses rank 1's
+    state. A copy of the checkpoint holds rank 1's state, as when rank 1 writes last."""
     config = DataLoaderConfiguration(use_stateful_dataloader=True)
     accelerator = Accelerator(cpu=True, dataloader_config=config)
     model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
@@ -101,15 +105,28 @@ def accelerate_checkpoint(store, folder):
                 if k + 1 == RESUME_AFTER:
                     accelerator.save_state(folder)
                     break
-    accelerator = Accelerator(cpu=True, dataloader_config=config)  # as a restarted job makes it
-    model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
-    accelerator.load_state(folder)
-    loader.set_epoch(1)
-    after = []
-    for batch in loader:
-        after.append(records(batch))
-        step(accelerator, model, optimizer, batch)
-    return {"before": before, "after": after}
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.copytree(folder, f"{folder}.rank1")
+    accelerator.wait_for_everyone()
+    if accelerator.process_index == 1:
+        torch.save(loader.state_dict(), f"{folder}.rank1/dl_state_dict.bin")
+    accelerator.wait_for_everyone()
+    report = {"before": before, "saved": repr(loader.state_dict())}
+    for name, checkpoint in (("as saved", folder), ("rank 1's state", f"{folder}.rank1")):
+        accelerator = Accelerator(cpu=True, dataloader_config=config)  # as a restarted job makes it
+        model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
+        accelerator.load_state(checkpoint)
+        loader.set_epoch(1)
+        after, error = [], None
+        try:
+            for batch in loader:
+                after.append(records(batch))
+                step(accelerator, model, optimizer, batch)
+        except ValueError as exc:
+            error = str(exc)
+        report[name] = {"after": after, "error": error}
+    return report
 
 
 def refused(config, store):

@@ -92,13 +92,28 @@ def test_a_resume_mid_epoch_gets_exactly_the_batches_not_yet_seen(reports, store
     assert sorted(sum(epoch, [])) == list(range(N))
 
 
-def test_accelerates_own_checkpoint_resumes_exactly_too(reports, store):
+def test_accelerates_own_checkpoint_resumes_exactly_or_refuses_another_ranks_state(reports, store):
     """use_stateful_dataloader=True, save_state after 2 steps of epoch 1, load_state in a new
-    Accelerator: the dataset state Accelerate saved continues with the steps not yet trained."""
+    Accelerator. Accelerate writes each rank's loader state to one file; rank 1's dataset, never
+    iterated, marks its state. With rank 0's state the run resumes with exactly the steps not yet
+    trained; with rank 1's (the copy that rank 1 wrote last), both ranks refuse at the first
+    batch, naming what works: never a silent restart of the wrong epoch."""
+    assert "'not_iterated_on_rank': 1" in reports[1]["save_state"]["saved"]
+    assert "not_iterated_on_rank" not in reports[0]["save_state"]["saved"]
     for rank, report in enumerate(reports):
         resumed = report["save_state"]
         assert len(resumed["before"]) == 2
-        assert resumed["before"] + resumed["after"] == without_accelerate(store, rank, 7, 1)
+        refused = resumed["rank 1's state"]
+        assert refused["after"] == [] and refused["error"].startswith(
+            "this dataset state comes from rank 1, which Accelerate does not let read the dataset"
+        )
+        assert "Save ds.state_dict() from the main process" in refused["error"]
+        as_saved = resumed["as saved"]  # rank 0's state, unless rank 1 happened to write last
+        if as_saved["error"] is None:
+            assert resumed["before"] + as_saved["after"] == without_accelerate(store, rank, 7, 1)
+        else:
+            assert as_saved == refused
+    assert len({r["save_state"]["as saved"]["error"] is None for r in reports}) == 1
 
 
 def test_dispatch_batches_false_fails_at_the_first_batch_naming_what_works(reports):

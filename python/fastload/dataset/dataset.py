@@ -13,7 +13,13 @@ import torch
 
 from fastload._checks import fspath, is_int
 from fastload.dataset.buffers import BufferPool
-from fastload.dataset.dispatch import DISPATCHED, accelerate_loader, steps_handed_out
+from fastload.dataset.dispatch import (
+    DISPATCHED,
+    NOT_ITERATED,
+    NOT_ITERATED_STATE,
+    accelerate_loader,
+    steps_handed_out,
+)
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order, positive_int
 from fastload.dataset.prefetch import Pass
 from fastload.store import PathLike, Store, StoreError, as_indices
@@ -249,7 +255,11 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def state_dict(self) -> dict:
         """{"seed", "epoch", "position"}: where the next iteration would start to continue this
         rank's batches; exact at num_workers=0 and, per worker, inside DataLoader workers (see
-        the class docstring)."""
+        the class docstring). Under Accelerate's dispatch only rank 0 iterates: another rank's
+        state is marked as such, and load_state_dict refuses it."""
+        state = {"seed": self.seed}
+        if self.rank and accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
+            state[NOT_ITERATED] = self.rank
         if self._progress is not None:
             epoch, position, dispatched = self._progress
             if torch.utils.data.get_worker_info() is not None:
@@ -260,7 +270,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             ctl = self._control.numpy()
             epoch = int(ctl[_NEXT_EPOCH])
             position = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
-        return {"seed": self.seed, "epoch": int(epoch), "position": int(position)}
+        return {**state, "epoch": int(epoch), "position": int(position)}
 
     def load_state_dict(self, state: dict) -> None:
         """Makes the next iteration continue epoch `state["epoch"]` after `position` batches."""
@@ -269,6 +279,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
             raise ValueError(f"the dataset state is missing {sorted(missing)}")
+        if NOT_ITERATED in state:
+            raise ValueError(NOT_ITERATED_STATE.format(rank=state[NOT_ITERATED]))
         position = positive_int(state["position"], "position", minimum=0)
         in_worker = torch.utils.data.get_worker_info() is not None
         batches = self._stream_length(in_worker and bool(self._control.numpy()[_DISPATCHED]))

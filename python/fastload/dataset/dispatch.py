@@ -35,6 +35,19 @@ CALLER_DEPTH = 12
 LOOKAHEAD_STEPS = 1
 
 
+# The key a state of a rank other than 0 under dispatch carries (that rank's dataset is never
+# iterated, so its state says nothing), and why such a state is refused. Accelerate's save_state
+# writes every rank's loader state to one file (dl_state_dict.bin), the last writer's kept.
+NOT_ITERATED = "not_iterated_on_rank"
+NOT_ITERATED_STATE = (
+    "this dataset state comes from rank {rank}, which Accelerate does not let read the dataset (it "
+    "dispatches every batch from rank 0), so it says nothing of where training stopped: Accelerate's "
+    "save_state (use_stateful_dataloader=True) writes the loader state of every rank to one file, and "
+    "another rank's came last. Save ds.state_dict() from the main process with your checkpoint and "
+    "load it with ds.load_state_dict(): see the README, 'With Hugging Face Accelerate'"
+)
+
+
 def steps_handed_out(batches_yielded: int, ranks: int) -> int:
     """Steps the ranks have had, from the batches rank 0's dataset yielded for them. A step
     begun counts as fetched: with `use_stateful_dataloader=True` Accelerate saves the state as
