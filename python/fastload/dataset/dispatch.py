@@ -12,8 +12,8 @@ inside Accelerate: that is refused at the first batch, naming the configurations
 (`split_batches=True` Accelerate refuses itself in `prepare`, as it needs a batch_size.)
 
 Accelerate gives the dataset no other sign than the calls in progress: the dataset looks up
-the callers of `__len__`, `__iter__` and `set_epoch` for the Accelerate object driving it, and
-only when Accelerate is already imported."""
+the callers of `__len__`, `__iter__`, `set_epoch` and `state_dict` for the Accelerate object
+driving it, and only when Accelerate is already imported."""
 
 from __future__ import annotations
 
