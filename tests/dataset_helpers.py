@@ -1,7 +1,9 @@
 """What the dataset tests share (tests/test_dataset.py, test_plan.py, test_prefetch.py,
-test_buffers.py, test_dataset_store.py, test_distributed.py): a store of N records, whose
-`store_path` fixture is in conftest.py, the record numbers of each batch of an epoch, and a
-DataLoader worker simulated in this process."""
+test_buffers.py, test_dataset_store.py, test_distributed.py, test_accelerate.py,
+test_lightning.py): a store of N records, whose `store_path` fixture is in conftest.py, the
+record numbers of each batch of an epoch, and a DataLoader worker simulated in this process;
+for the tests that train in other processes, a store labelled by record number and the share
+each rank gets without them."""
 
 import collections
 
@@ -9,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastload import StoreWriter
+from fastload import FastLoadDataset, StoreWriter
 
 N = 53  # does not divide by the batch sizes or world sizes used here
 
@@ -19,6 +21,21 @@ def write_store(path, n, shape=(4, 3, 3), seed=0):
     with StoreWriter(path, shape, label_dtype="int64") as w:
         w.extend(images, np.arange(n) * 10)
     return path
+
+
+def labelled_by_record(path, n):
+    """A store of n tiny (2×2×1) records whose labels are their record numbers, so that the
+    labels of a batch say which records it holds."""
+    with StoreWriter(path, (2, 2, 1), label_dtype="int64") as w:
+        w.extend(np.random.default_rng(0).integers(0, 256, (n, 2, 2, 1), dtype=np.uint8), np.arange(n))
+    return path
+
+
+def rank_share(store, batch_size, seed, rank, world_size, at_epoch):
+    """The records of each batch rank `rank` gets in epoch `at_epoch` from the dataset alone."""
+    ds = FastLoadDataset(store, batch_size, seed=seed, rank=rank, world_size=world_size)
+    ds.set_epoch(at_epoch)
+    return [labels.tolist() for _, labels in ds]
 
 
 def epoch(ds, num_workers=None, **loader_kwargs):

@@ -249,6 +249,15 @@ def test_a_loaded_state_is_reported_back_until_set_epoch_starts_over(store_path)
     assert len(epoch(ds)) == len(ds)
 
 
+def test_a_state_of_a_rank_that_accelerate_does_not_let_read_is_refused_whole(store_path):
+    """Under Accelerate's dispatch only rank 0 reads the dataset; another rank's state says so
+    (tests/test_accelerate.py makes one) and loading it changes nothing."""
+    ds = FastLoadDataset(store_path, 4)
+    with pytest.raises(ValueError, match="^this dataset state comes from rank 1, which Accelerate"):
+        ds.load_state_dict({"seed": 3, "epoch": 1, "position": 2, "not_iterated_on_rank": 1})
+    assert ds.state_dict() == {"seed": 0, "epoch": 0, "position": 0}
+
+
 def test_a_worker_that_finished_its_share_reports_it_and_resumes_with_nothing_left(store_path, monkeypatch):
     """Inside a DataLoader worker the state is that worker's progress through its share (what
     StatefulDataLoader saves per worker), also once the share is done: restored from it, the

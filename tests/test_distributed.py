@@ -115,3 +115,23 @@ def test_ranks_get_disjoint_equal_shares(store_path, world_size, drop_last):
         padding = -(-RECORDS // world_size) * world_size - RECORDS
         assert set(seen) == set(range(RECORDS))
         assert len(seen) == RECORDS + padding  # wrapped-around records, seen twice
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without torch.distributed")
+def test_a_dataset_made_before_the_process_group_is_refused_in_it(store_path, monkeypatch):
+    """A LightningDataModule's __init__ runs before Lightning starts the process group: a dataset
+    made there takes itself for the only rank and would give every rank the whole store. Its
+    length and first batch refuse, naming where to make it; one given its rank is unaffected.
+    Rank 1 of 2, simulated in this process."""
+    early = FastLoadDataset(store_path, 4)
+    given = FastLoadDataset(store_path, 4, rank=1, world_size=2)
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    refused = r"made before torch.distributed started.* rank 1 of 2: .*in setup\(\).*after Accelerator\(\)"
+    for use in (len, lambda ds: next(iter(ds))):
+        with pytest.raises(ValueError, match=refused):
+            use(early)
+    assert len(given) == len(FastLoadDataset(store_path, 4)) == -(-RECORDS // 8)
+    assert len(next(iter(given))[0]) == 4

@@ -127,6 +127,31 @@ def test_rank_plans_cut_the_epoch_into_consecutive_runs(
             np.testing.assert_array_equal(records[bounds[j] : bounds[j + 1]], plan.batch(padded, k))
 
 
+@given(
+    count=st.integers(0, 60),
+    batch_size=st.integers(1, 9),
+    world_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+    workers=st.integers(1, 3),
+    start=st.integers(0, 9),
+)
+def test_every_ranks_batches_in_step_order_are_each_ranks_own(
+    count, batch_size, world_size, drop_last, workers, start
+):
+    """What rank 0 reads when Accelerate dispatches: batch j of that stream is rank j % W's
+    batch j // W, from any start and split among workers as a rank's batches are."""
+    order = np.arange(100, 100 + count)
+    plans = [RankPlan(count, batch_size, r, world_size, drop_last) for r in range(world_size)]
+    padded = plans[0].pad(order)
+    js = range(start, len(plans[0]) * world_size, workers)
+    for plan in plans:
+        records, bounds = plan.all_ranks(padded, js)
+        assert records.dtype == np.int64 and len(bounds) == len(js) + 1 and bounds[-1] == len(records)
+        for i, j in enumerate(js):
+            mine = plans[j % world_size].batch(padded, j // world_size)
+            np.testing.assert_array_equal(records[bounds[i] : bounds[i + 1]], mine)
+
+
 @given(count=st.integers(1, 80), batch_size=st.integers(2, 9), world_size=st.integers(1, 5))
 def test_dropping_a_lone_last_record_keeps_every_other_batch(count, batch_size, world_size):
     """What training relies on to keep batches of one record from BatchNorm: where each rank's

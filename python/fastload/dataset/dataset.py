@@ -13,12 +13,20 @@ import torch
 
 from fastload._checks import INT_STATE_LIMIT, fspath, int_in_range, is_int
 from fastload.dataset.buffers import BufferPool
+from fastload.dataset.dispatch import (
+    DISPATCHED,
+    NOT_ITERATED,
+    NOT_ITERATED_STATE,
+    accelerate_loader,
+    steps_handed_out,
+)
 from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order
 from fastload.dataset.prefetch import Pass
 from fastload.store import PathLike, Store, StoreError, as_indices
 
-# Slots of the control block shared with DataLoader workers (see `_claim_epoch`).
-_NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH = range(5)
+# Slots of the control block shared with DataLoader workers (see `_claim_epoch`; _DISPATCHED: 1
+# while Accelerate dispatches this dataset's batches from rank 0, see `fastload.dataset.dispatch`).
+_NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH, _DISPATCHED = range(6)
 # The epoch counter's range: epochs 0..LAST_EPOCH are iterated, and a state may say LAST_EPOCH + 1
 # (where the counter stands after the last one), so every state it produces loads again.
 LAST_EPOCH = INT_STATE_LIMIT - 1
@@ -46,7 +54,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     (create the dataset after `init_process_group`). Ranks get disjoint shares (apart from
     padding records) and the same number of batches; see `RankPlan` for padding
     (drop_last=False) and dropping (drop_last=True). DataLoader workers split the rank's
-    batches round-robin.
+    batches round-robin. Under Hugging Face Accelerate's `prepare`, which dispatches the batches
+    from rank 0, rank 0 yields every rank's batch of each step and each rank gets its own
+    (`fastload.dataset.dispatch`); `len` and `state_dict` count steps there as elsewhere.
 
     Resume: `state_dict()` is (seed, epoch, position = batches of that epoch already yielded
     in this rank: `len(ds)` after its last batch, and (next epoch, 0) once the loop over it
@@ -117,6 +127,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                     f"indices out of range for {self.path} ({count} records): {bad[:5].tolist()}"
                 )
         self.rank, self.world_size = self._distributed(rank, world_size)
+        # Made outside a process group, with no rank given: checked against one when used.
+        self._alone = world_size is None and not _process_group_size()
         self.prefetch = int_in_range(prefetch, "prefetch")
         cuda = torch.cuda.is_available()
         if pin_memory and not cuda:
@@ -132,10 +144,11 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         self._plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
         # Epoch bookkeeping lives in shared memory so set_epoch/load_state_dict reach
         # DataLoader workers, persistent ones included, and workers can advance the epoch.
-        self._control = torch.tensor([0, -1, 0, 0, 0], dtype=torch.int64).share_memory_()
+        self._control = torch.tensor([0, -1, 0, 0, 0, 0], dtype=torch.int64).share_memory_()
         self._iterations = 0  # iterations started by this copy (worker generations)
-        # [epoch, position] of this copy's latest iteration; in a worker, position is where
-        # the worker's share continues (its next batch is position + worker id).
+        # [epoch, position, dispatched] of this copy's latest iteration; in a worker, position
+        # is where the worker's share continues (its next batch is position + worker id).
+        # Dispatched by Accelerate, position counts every rank's batches (world_size a step).
         self._progress: Optional[list] = None
         # A state loaded inside a DataLoader worker: that worker's alone, for its next iteration.
         self._worker_resume: Optional[Tuple[int, int]] = None
@@ -155,7 +168,27 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         return rank, world_size
 
     def __len__(self) -> int:
+        """Batches per epoch: this rank's, or every rank's when Accelerate dispatches them from
+        rank 0 (its loader's length is then this rank's, as without Accelerate)."""
+        if accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
+            return len(self._plan) * self.world_size
+        self._check_made_in_the_process_group()
         return len(self._plan)
+
+    def _check_made_in_the_process_group(self) -> None:
+        """A dataset made before torch.distributed started takes itself for the only rank: used
+        by the ranks of a process group, each would read the whole store (a DataModule's
+        __init__ runs before Lightning starts the group). Refused, unless Accelerate dispatches
+        it from rank 0, which splits what it reads."""
+        ranks = _process_group_size() if self._alone else 0
+        if ranks > 1:
+            raise ValueError(
+                f"this FastLoadDataset of {self.path} was made before torch.distributed started, so it "
+                f"reads the whole store, but it is used by rank {torch.distributed.get_rank()} of {ranks}: "
+                "each rank would train on every record. Make it once the process group is up (in a "
+                "LightningDataModule: in setup(); with Accelerate: after Accelerator(); else after "
+                "init_process_group), or pass rank= and world_size="
+            )
 
     @property
     def last_batch_size(self) -> int:
@@ -166,7 +199,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def __repr__(self) -> str:
         return (
             f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "
-            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self)} batches)"
+            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self._plan)} batches)"
         )
 
     def __getstate__(self) -> dict:
@@ -205,9 +238,16 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         return self._pool
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`)."""
+        """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`).
+        Accelerate's loaders call it at the start of every iteration: from them, the epoch a
+        loaded state continues keeps that state's position until the epoch starts."""
+        epoch = _epoch_number(epoch)
         ctl = self._control.numpy()
-        ctl[_NEXT_EPOCH] = _epoch_number(epoch)
+        driver = accelerate_loader(self, sys._getframe(1))
+        ctl[_DISPATCHED] = driver == DISPATCHED
+        if driver is not None and ctl[_RESUME_EPOCH] == ctl[_NEXT_EPOCH] == epoch:
+            return
+        ctl[_NEXT_EPOCH] = epoch
         ctl[_RESUME_EPOCH] = -1
         ctl[_GENERATION] = 0  # no worker generation can mistake the next one for itself
         self._progress = None
@@ -215,14 +255,22 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def state_dict(self) -> dict:
         """{"seed", "epoch", "position"}: where the next iteration would start to continue this
         rank's batches; exact at num_workers=0 and, per worker, inside DataLoader workers (see
-        the class docstring)."""
+        the class docstring). Under Accelerate's dispatch only rank 0 iterates: another rank's
+        state is marked as such, and load_state_dict refuses it."""
+        state = {"seed": self.seed}
+        if self.rank and accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
+            state[NOT_ITERATED] = self.rank
         if self._progress is not None:
-            epoch, position = self._progress[0], min(self._progress[1], len(self))
+            epoch, position, dispatched = self._progress
+            if torch.utils.data.get_worker_info() is not None:
+                position = min(position, self._stream_length(dispatched))  # the worker's own stream
+            elif dispatched:
+                position = steps_handed_out(position, self.world_size)
         else:
             ctl = self._control.numpy()
             epoch = int(ctl[_NEXT_EPOCH])
             position = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
-        return {"seed": self.seed, "epoch": int(epoch), "position": int(position)}
+        return {**state, "epoch": int(epoch), "position": int(position)}
 
     def load_state_dict(self, state: dict) -> None:
         """Makes the next iteration continue epoch `state["epoch"]` after `position` batches."""
@@ -231,9 +279,13 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
             raise ValueError(f"the dataset state is missing {sorted(missing)}")
+        if NOT_ITERATED in state:
+            raise ValueError(NOT_ITERATED_STATE.format(rank=state[NOT_ITERATED]))
         position = int_in_range(state["position"], "position", minimum=0)
-        if position > len(self):
-            raise ValueError(f"position {position} is beyond the {len(self)} batches of an epoch")
+        in_worker = torch.utils.data.get_worker_info() is not None
+        batches = self._stream_length(in_worker and bool(self._control.numpy()[_DISPATCHED]))
+        if position > batches:
+            raise ValueError(f"position {position} is beyond the {batches} batches of an epoch")
         self.seed = int_in_range(state["seed"], "seed", minimum=0)
         epoch = _epoch_number(state["epoch"])
         if torch.utils.data.get_worker_info() is not None:
@@ -246,8 +298,13 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         ctl[_RESUME_POSITION] = position
         ctl[_RESUME_EPOCH] = ctl[_NEXT_EPOCH]
 
-    def _claim_epoch(self, worker: Optional[Any]) -> Tuple[int, int]:
-        """(epoch, first batch) of the iteration starting now, advancing the shared epoch.
+    def _stream_length(self, dispatched: bool) -> int:
+        """Batches an epoch's iteration yields in all: every rank's when dispatched."""
+        return len(self._plan) * (self.world_size if dispatched else 1)
+
+    def _claim_epoch(self, worker: Optional[Any], per_step: int = 1) -> Tuple[int, int]:
+        """(epoch, first batch) of the iteration starting now, advancing the shared epoch; a
+        loaded position (in steps) is `per_step` batches a step of the stream iterated.
 
         In the main process that is plain. DataLoader workers of one loader iteration (a
         "generation": same base seed, same iteration count of their copy) must agree on the
@@ -280,39 +337,47 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 if ctl[_GENERATION] == generation:
                     epoch = int(ctl[_GENERATION_EPOCH])
                 _check_epoch_left(epoch)
-        start = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
+        start = int(ctl[_RESUME_POSITION]) * per_step if ctl[_RESUME_EPOCH] == epoch else 0
         return epoch, start
 
     def __iter__(self) -> Iterator[tuple]:
-        _warn_if_batched_again(self, sys._getframe(1))
+        caller = sys._getframe(1)
+        _warn_if_batched_again(self, caller)
         worker = torch.utils.data.get_worker_info()
         store = self._open()
         store.check_unchanged()
         if worker is None:
-            return self._claimed_on_first_batch(store)
-        return self._iteration(store, worker)
+            dispatched = accelerate_loader(self, caller) == DISPATCHED
+            if not dispatched:
+                self._check_made_in_the_process_group()
+            return self._claimed_on_first_batch(store, dispatched)
+        # A worker learns it from the main process, where Accelerate's loader called set_epoch.
+        return self._iteration(store, worker, bool(self._control.numpy()[_DISPATCHED]))
 
-    def _claimed_on_first_batch(self, store: Store) -> Iterator[tuple]:
+    def _claimed_on_first_batch(self, store: Store, dispatched: bool) -> Iterator[tuple]:
         """The main process claims its epoch when the first batch is asked for, not at
         `iter()`: torchdata's StatefulDataLoader, restoring a state saved after an epoch
         ended, makes an iterator it never uses before the one it does."""
-        yield from self._iteration(store, None)
+        yield from self._iteration(store, None, dispatched)
 
-    def _iteration(self, store: Store, worker: Optional[Any]) -> Iterator[tuple]:
-        records, bounds, num_workers = self._claim_batches(worker)
+    def _iteration(self, store: Store, worker: Optional[Any], dispatched: bool) -> Iterator[tuple]:
+        records, bounds, num_workers = self._claim_batches(worker, dispatched)
         pool = self._buffers(store, worker is not None)
         return self._batches(store, records, bounds, pool, self._progress, num_workers, worker is None)
 
-    def _claim_batches(self, worker: Optional[Any]) -> Tuple[np.ndarray, np.ndarray, int]:
+    def _claim_batches(self, worker: Optional[Any], dispatched: bool) -> Tuple[np.ndarray, np.ndarray, int]:
         """(records, batch bounds, worker count) of the iteration starting now, its epoch
-        claimed and its progress counted from here."""
-        epoch, start = self._claim_epoch(worker)
+        claimed and its progress counted from here: this rank's batches, or every rank's in
+        step order when Accelerate dispatches them from this process."""
+        per_step = self.world_size if dispatched else 1
+        epoch, start = self._claim_epoch(worker, per_step)
         order = self._plan.pad(
             epoch_order(self.indices, self.order, self.seed, epoch, self.block_size, self.window)
         )
         worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        records, bounds = self._plan.batches(order, range(start + worker_id, len(self._plan), num_workers))
-        self._progress = [epoch, start]
+        cut = self._plan.all_ranks if dispatched else self._plan.batches
+        records, bounds = cut(order, range(start + worker_id, self._stream_length(dispatched), num_workers))
+        self._progress = [epoch, start, dispatched]
         return records, bounds, num_workers
 
     def record_batches(self) -> Iterator[np.ndarray]:
@@ -323,7 +388,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         if torch.utils.data.get_worker_info() is not None:
             raise RuntimeError("record_batches() runs in the main process, not in a DataLoader worker")
         self._open().check_unchanged()
-        records, bounds, _ = self._claim_batches(None)
+        records, bounds, _ = self._claim_batches(None, dispatched=False)
         progress = self._progress
         for k in range(len(bounds) - 1):
             progress[1] += 1
@@ -359,6 +424,12 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 self._progress = None
         finally:
             prefetched.close()
+
+
+def _process_group_size() -> int:
+    """The size of torch.distributed's default process group, 0 when there is none."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _epoch_number(epoch: Any) -> int:

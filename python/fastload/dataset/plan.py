@@ -3,7 +3,7 @@ indices only) and its cut into the batches of one rank, plus the train/val split
 
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Any, Tuple, Union
 
 import numpy as np
 
@@ -93,8 +93,18 @@ class RankPlan:
         resume position), one after the other in one flat int64 array, and the len(ks) + 1
         bounds of the batches in it: the form the Rust prefetcher takes, made in one indexing
         step. `order` is padded to `self.padded` records."""
-        b, w, r = self.batch_size, self.world_size, self.rank
-        k = np.arange(ks.start, ks.stop, ks.step, dtype=np.int64)
+        return self._cut(order, np.arange(ks.start, ks.stop, ks.step, dtype=np.int64), self.rank)
+
+    def all_ranks(self, order: np.ndarray, js: range) -> Tuple[np.ndarray, np.ndarray]:
+        """As `batches`, over every rank's batches in step order (step k: rank 0's k-th batch,
+        then rank 1's, ...; `js` numbers that stream): what one process reads for all when
+        Accelerate dispatches from rank 0, which gives each rank its own slice of each step."""
+        j = np.arange(js.start, js.stop, js.step, dtype=np.int64)
+        return self._cut(order, j // self.world_size, j % self.world_size)
+
+    def _cut(self, order: np.ndarray, k: np.ndarray, r: Any) -> Tuple[np.ndarray, np.ndarray]:
+        """The records of batches `k` of ranks `r` (a rank, or one per batch) and their bounds."""
+        b, w = self.batch_size, self.world_size
         full = k < self.full
         starts = np.where(full, (k * w + r) * b, self.full * w * b + r * self.tail)
         lengths = np.where(full, b, self.tail)
