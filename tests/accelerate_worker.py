@@ -58,6 +58,18 @@ def epochs(accelerator, store, count, num_workers=0):
     return {"len": len(loader), "epochs": seen}
 
 
+def not_prepared(accelerator, store):
+    """The loader left out of prepare: each rank reads its own share, moved by hand."""
+    ds = FastLoadDataset(store, BATCH, seed=1)
+    model = accelerator.prepare(torch.nn.Linear(4, 1).double())
+    seen = []
+    for images, labels in DataLoader(ds, batch_size=None):
+        seen.append(labels.tolist())
+        x = to_device(images, accelerator.device, torch.float64).flatten(1)
+        accelerator.backward(torch.nn.functional.mse_loss(model(x)[:, 0], labels / 100))
+    return {"len": len(ds), "epochs": [seen]}
+
+
 def resume(accelerator, store):
     """Epoch 0 whole, epoch 1 stopped after RESUME_AFTER steps and its state saved on rank 0;
     then a new dataset and loader loaded from that state finish epoch 1 and run epoch 2."""
@@ -152,6 +164,7 @@ def main(store, out_prefix):
     report = {"rank": accelerator.process_index, "world_size": accelerator.num_processes}
     report["default"] = epochs(accelerator, store, 3)
     report["workers=2"] = epochs(accelerator, store, 1, num_workers=2)
+    report["not prepared"] = not_prepared(accelerator, store)
     report["resume"] = resume(accelerator, store)
     report["save_state"] = accelerate_checkpoint(store, f"{out_prefix}.checkpoint")
     report["dispatch_batches=False"] = refused(DataLoaderConfiguration(dispatch_batches=False), store)

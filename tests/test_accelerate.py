@@ -60,7 +60,7 @@ def test_each_rank_gets_the_batches_it_gets_without_accelerate(reports, store):
             assert batches == without_accelerate(store, rank, 1, epoch)
 
 
-@pytest.mark.parametrize("config", ["default", "workers=2"])
+@pytest.mark.parametrize("config", ["default", "workers=2", "not prepared"])
 def test_every_record_once_per_epoch_across_the_ranks(reports, config):
     epochs = [r[config]["epochs"] for r in reports]
     for epoch in range(len(epochs[0])):
@@ -75,9 +75,10 @@ def test_epochs_come_in_fresh_orders(reports):
     assert len({tuple(o) for o in orders}) == 3
 
 
-def test_workers_read_the_same_batches(reports):
+def test_workers_or_a_loader_left_out_of_prepare_read_the_same_batches(reports):
     for report in reports:
         assert report["workers=2"]["epochs"][0] == report["default"]["epochs"][0]
+        assert report["not prepared"]["epochs"][0] == report["default"]["epochs"][0]
 
 
 def test_a_resume_mid_epoch_gets_exactly_the_batches_not_yet_seen(reports, store):
