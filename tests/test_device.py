@@ -422,21 +422,14 @@ def test_the_bench_measures_to_device_through_device_loader(store_path, monkeypa
     gpu = SimulatedCuda(monkeypatch)
     gpu.keeps_up = True
     store = Store(store_path)
-    ctx = Context(
-        path=str(store_path),
-        count=len(store),
-        shape=store.shape,
-        stride=store.stride,
-        images_offset=store.images_offset,
-        file_size=store.file_size,
+    ctx = Context.for_store(
+        store,
         sample=40,
-        labels=np.array(store.labels[:40]),
         plan=Plan.for_run(quick=True),
         repeats=1,
         batch_size=8,
         workdir=str(tmp_path),
         cuda=True,
-        resources=contextlib.ExitStack(),
     )
     with ctx.resources:
         (figure,) = bench_to_device(ctx)

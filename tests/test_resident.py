@@ -223,28 +223,20 @@ def test_on_device_takes_no_workers_and_the_cli_flag_reaches_fit(bright_path, mo
 
 
 def test_the_bench_row_gathers_on_the_device_beside_device_loader(store_path, tmp_path):
-    import contextlib
 
     from fastload import bench
     from fastload.bench.measure import Context, Plan, Skip
     from fastload.bench.stages import bench_resident, resident_figure
 
     store = Store(store_path)
-    ctx = Context(
-        path=str(store_path),
-        count=len(store),
-        shape=store.shape,
-        stride=store.stride,
-        images_offset=store.images_offset,
-        file_size=store.file_size,
+    ctx = Context.for_store(
+        store,
         sample=40,
-        labels=np.array(store.labels[:40]),
         plan=Plan.for_run(quick=True),
         repeats=1,
         batch_size=8,
         workdir=str(tmp_path),
         cuda=False,
-        resources=contextlib.ExitStack(),
     )
     with ctx.resources:
         with pytest.raises(Skip, match="no GPU to hold the store"):

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from fastload import _core
+from fastload.inspect import storage
 from fastload.store import PathLike, Store
 
 INSTALL_EXTRA = "pip install 'fastload[bench]'"
@@ -124,6 +125,29 @@ class Context:
     cuda: bool
     resources: ExitStack
     storage: Dict[str, Any] = field(default_factory=lambda: {"in_ram": False})
+
+    @classmethod
+    def for_store(
+        cls, store: Store, *, sample: int, plan: Plan, repeats: int, batch_size: int, workdir: str, cuda: bool
+    ) -> Context:
+        """The context of the open `store`, for a run that reads its first `sample` records."""
+        return cls(
+            path=str(store.path),
+            count=len(store),
+            shape=store.shape,
+            stride=store.stride,
+            images_offset=store.images_offset,
+            file_size=store.file_size,
+            sample=sample,
+            labels=np.array(store.labels[:sample]),
+            plan=plan,
+            repeats=repeats,
+            batch_size=batch_size,
+            workdir=workdir,
+            cuda=cuda,
+            resources=ExitStack(),
+            storage=storage(store.path),
+        )
 
     @property
     def image_nbytes(self) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -43,7 +42,7 @@ from fastload.bench.stages import (
     bench_to_device,
 )
 from fastload.files import output_target, replace_atomically
-from fastload.inspect import check_batch_memory, machine_memory, memory_plan, storage
+from fastload.inspect import check_batch_memory, machine_memory, memory_plan
 from fastload.progress import Progress
 from fastload.store import PathLike, Store, StoreWriter
 
@@ -159,22 +158,14 @@ def run(
                 raise ValueError(f"{path}: the store has no records to benchmark")
             check_batch_memory(batch_size, s)
             sample = max(1, min(len(s), plan.sample_bytes // s.image_nbytes))
-            ctx = Context(
-                path=path,
-                count=len(s),
-                shape=s.shape,
-                stride=s.stride,
-                images_offset=s.images_offset,
-                file_size=s.file_size,
+            ctx = Context.for_store(
+                s,
                 sample=sample,
-                labels=np.array(s.labels[:sample]),
                 plan=plan,
                 repeats=repeats,
                 batch_size=batch_size,
                 workdir=workdir,
                 cuda=torch.cuda.is_available(),
-                resources=ExitStack(),
-                storage=storage(path),
             )
         results = _measure(ctx, stages, progress)
     finally:
