@@ -15,9 +15,16 @@ Test errors are on 5,000 fresh rows. Models use their defaults (HGB with `random
 size and task, `--repeats` fits of each model, interleaved, so load drifts hit all alike; medians
 of the fit seconds. Ratios are the lattice model's over HGB's, from the same run. HGB also runs
 with its OpenMP pool limited to one thread (threadpoolctl), as the lattice model's default
-`torch_threads=1`: on a loaded machine OpenMP's spinning threads can slow it down many times.
+`n_jobs=None` (one torch thread): on a loaded machine OpenMP's spinning threads can slow it down many
+times.
+
+`--scaling` measures instead how the lattice model's fit grows (smooth target, 10,000 rows unless
+`--sizes` says otherwise): with the rows, with the features (6, 12, 24: the extra ones uniform, declared
+increasing, not in the target) and with the keypoints per feature (10, 20, 40), and with `n_jobs` 1 and 2;
+fit seconds (medians), L-BFGS iterations and test MSE.
 
     python benches/bench_monotonic_estimator.py [--sizes 10000,100000] [--tasks smooth,step] [--repeats 3]
+    python benches/bench_monotonic_estimator.py --scaling [--sizes 10000,100000,1000000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -127,13 +134,47 @@ def measure(name: str, size: int, repeats: int) -> Dict[str, Tuple[float, float,
     return results
 
 
+def scaling(sizes, repeats: int) -> None:
+    """The lattice model's fit time, iterations and test MSE as rows, features, keypoints and
+    threads grow, one setting changed at a time from the default at ``sizes[0]`` rows."""
+    print("| rows | features | keypoints | n_jobs | fit s | iterations | test MSE |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    settings = [(size, 6, 10, None) for size in sizes]
+    settings += [(sizes[0], f, 10, None) for f in (12, 24)] + [(sizes[0], 6, k, None) for k in (20, 40)]
+    settings += [(size, 6, 10, 2) for size in sizes]
+    LatticeRegressor(max_iter=1).fit(*task("smooth", 100, seed=0)[:2])  # the first fit pays torch's imports
+    for rows, num_features, keypoints, n_jobs in settings:
+        X, y, _ = task("smooth", rows, seed=0)
+        X_test, _, truth = task("smooth", 5000, seed=1)
+        extra = np.random.default_rng(2).uniform(0, 1, (rows + 5000, num_features - X.shape[1]))
+        X, X_test = np.hstack([X, extra[:rows]]), np.hstack([X_test, extra[rows:]])
+        features = {**FEATURES, **{f"x{j}": "increasing" for j in range(len(FEATURES), num_features)}}
+        seconds = []
+        for _ in range(repeats):
+            model = LatticeRegressor(features=features, num_keypoints=keypoints, n_jobs=n_jobs)
+            started = time.perf_counter()
+            model.fit(X, y)
+            seconds.append(time.perf_counter() - started)
+        error = float(np.mean((model.predict(X_test) - truth) ** 2))
+        print(
+            f"| {rows:,} | {num_features} | {keypoints} | {n_jobs or 1} | {statistics.median(seconds):.2f} "
+            f"| {model.n_iter_} | {error:.5f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000", help="training rows, comma-separated")
     parser.add_argument("--tasks", default="smooth,step", help=f"of {','.join(TASKS)}")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scaling", action="store_true", help="how the fit grows, instead of the comparison")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}; torch {torch.__version__}, {os.cpu_count()} CPUs")
+    if args.scaling:
+        scaling([int(s) for s in args.sizes.split(",")], args.repeats)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        return
     print("| rows | target | lattice fit / error | HGB fit / error | fit ratio | error ratio "
           "| HGB 1 thread fit | fit ratio to it | worst violation |")  # fmt: skip
     print("|---:|---|---|---|---:|---:|---:|---:|---:|")

@@ -1,11 +1,13 @@
 """Tests for fastload.monotonic.estimator's LatticeRegressor and LatticeClassifier: the
 scikit-learn contract (and the same methods without it), fit and predict on arrays and
-DataFrames, accuracy on easy tasks, early stopping, torch threads, monotonicity in every
+DataFrames (pandas and polars, in and out), accuracy on easy tasks, early stopping and its
+stratified split, n_jobs, monotonicity in every
 declared feature (exactly where the layers promise it) and convexity."""
 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -15,13 +17,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from monotone_helpers import (
-    exact_columns,
+    assert_monotone_up_to_rounding,
+    exact_features,
     one_thread,  # noqa: F401 (an autouse fixture)
     randomize,
     three_feature_table,
 )
 
 from fastload.monotonic import LatticeClassifier, LatticeRegressor
+from fastload.monotonic.fitting import validation_split
 
 pytest.importorskip("sklearn")
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
@@ -73,7 +77,7 @@ def test_regressor_fits_an_array_and_keeps_declared_directions():
     assert model.score(X, y) > 0.9
     assert model.predict(X).shape == (300,) and 1 <= model.n_iter_ <= 100  # L-BFGS stops at tol
     assert [f.monotonicity for f in model.features_] == [1, -1, 0]
-    assert model.check_monotone(X) == {"x0": 0.0, "x1": 0.0}
+    assert_monotone_up_to_rounding(model, X)
     assert not model.model_.training  # the check leaves the model as it found it
     # Quantile keypoints: each piece holds about as many training samples.
     counts = np.histogram(X[:, 0], bins=model.keypoints_[0])[0]
@@ -91,7 +95,7 @@ def test_regressor_fits_a_dataframe_by_column_name():
     assert model.categories_[3] == ["north", "south"]
     np.testing.assert_allclose(model.predict(frame), model.predict(frame.copy()))
     assert model.score(frame, y) > 0.9
-    assert model.check_monotone(frame) == {"area": 0.0, "distance": 0.0}
+    assert_monotone_up_to_rounding(model, frame)
     # A text column is categorical without being declared.
     assert LatticeRegressor(max_iter=2).fit(frame, y).features_[3].categorical
     with pytest.raises(ValueError, match="feature names should match"):
@@ -107,7 +111,7 @@ def test_classifier_is_accurate_on_an_easy_binary_task():
     proba = model.predict_proba(X)
     np.testing.assert_allclose(proba.sum(1), 1.0)
     assert model.decision_function(X).shape == (400,)
-    assert model.check_monotone(X) == {"x0": 0.0, "x1": 0.0}
+    assert_monotone_up_to_rounding(model, X)
     # The probability of "yes" rises with x0 and falls with x1 (a sigmoid of an exact score).
     grid = np.repeat(X[:20], 50, axis=0)
     grid[:, 0] = np.tile(np.linspace(-0.5, 1.5, 50), 20)
@@ -121,7 +125,7 @@ def test_classifier_is_accurate_on_an_easy_three_class_task():
     assert model.score(X, labels) > 0.85
     assert model.decision_function(X).shape == (400, 3)
     np.testing.assert_allclose(model.predict_proba(X).sum(1), 1.0)
-    assert model.check_monotone(X) == {"x0": 0.0}  # each class's score
+    assert_monotone_up_to_rounding(model, X)  # each class's score
 
 
 def test_a_classifier_needs_two_classes_and_labels():
@@ -135,7 +139,7 @@ def test_a_classifier_needs_two_classes_and_labels():
 def test_early_stopping_keeps_the_best_epoch_and_is_deterministic():
     X, y = three_feature_table()
     params = {
-        "validation_fraction": 0.2,
+        "early_stopping": True,
         "n_iter_no_change": 3,
         "max_iter": 500,
         "batch_size": 64,
@@ -143,33 +147,142 @@ def test_early_stopping_keeps_the_best_epoch_and_is_deterministic():
     }
     first = LatticeRegressor(**params).fit(X, y)
     assert first.n_iter_ < 500 and len(first.loss_curve_) == first.n_iter_
+    assert len(first.validation_loss_curve_) == first.n_iter_
+    assert first.best_validation_loss_ == min(first.validation_loss_curve_)
+    # It stopped n_iter_no_change rounds after the best one, whose parameters it kept.
+    assert first.validation_loss_curve_.index(first.best_validation_loss_) == first.n_iter_ - 4
     np.testing.assert_array_equal(first.predict(X), LatticeRegressor(**params).fit(X, y).predict(X))
     assert first.score(X, y) > 0.8
 
 
-def test_fit_runs_on_its_torch_threads_and_gives_them_back(monkeypatch):
+def test_validation_fraction_counts_only_with_early_stopping():
+    X, y = three_feature_table(200)
+    plain = LatticeRegressor(**FAST).fit(X, y)
+    ignored = LatticeRegressor(validation_fraction=0.5, **FAST).fit(X, y)
+    np.testing.assert_array_equal(plain.predict(X), ignored.predict(X))
+    assert not hasattr(plain, "validation_loss_curve_")
+    with pytest.raises(ValueError, match="validation_fraction must be in"):
+        LatticeRegressor(early_stopping=True, validation_fraction=1.0, **FAST).fit(X, y)
+    with pytest.raises(ValueError, match="early_stopping must be True or False"):
+        LatticeRegressor(early_stopping="yes", **FAST).fit(X, y)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 3), min_size=2, max_size=200),
+    fraction=st.floats(0.05, 0.95),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_validation_split_holds_out_the_fraction_of_every_class(labels, fraction, seed):
+    codes = torch.tensor(labels)
+    try:
+        held, kept = validation_split(len(codes), fraction, codes, torch.Generator().manual_seed(seed))
+    except ValueError as error:  # only when a class would miss from one part
+        counts = torch.bincount(codes)
+        present = counts[counts > 0]
+        shares = [round(int(c) * fraction) for c in present]
+        assert sum(shares) == 0 or any(s == c for s, c in zip(shares, present.tolist()))
+        assert "validation_fraction" in str(error)
+        return
+    assert sorted(held.tolist() + kept.tolist()) == list(range(len(codes)))
+    for code in codes.unique():
+        assert (codes[held] == code).sum() == round(int((codes == code).sum()) * fraction)
+        assert (codes[kept] == code).sum() > 0
+    again = validation_split(len(codes), fraction, codes, torch.Generator().manual_seed(seed))
+    assert torch.equal(held, again[0]) and torch.equal(kept, again[1])
+
+
+def test_a_classifier_stratifies_its_early_stopping_split():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(200, 2))
+    y = np.where(np.arange(200) < 190, "common", "rare")  # the 10 rare rows: 2 held out
+    model = LatticeClassifier(early_stopping=True, validation_fraction=0.2, **FAST).fit(X, y)
+    assert len(model.validation_loss_curve_) == model.n_iter_
+    with pytest.raises(ValueError, match="no training sample of some class"):
+        LatticeClassifier(early_stopping=True, validation_fraction=0.9, **FAST).fit(X[:191], y[:191])
+
+
+def test_fit_runs_on_n_jobs_threads_and_gives_them_back(monkeypatch):
     X, y = three_feature_table(50)
     calls = []
     set_threads = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), set_threads(n)))
     before = torch.get_num_threads()
-    set_threads(2)
+    set_threads(3)
     try:
-        model = LatticeRegressor(max_iter=2, torch_threads=1).fit(X, y)
-        assert calls == [1, 2] and torch.get_num_threads() == 2
-        LatticeRegressor(max_iter=2, torch_threads=None).fit(X, y)
-        assert calls == [1, 2]
-        model.predict(X)
-        assert calls == [1, 2, 1, 2]
+        model = LatticeRegressor(max_iter=2).fit(X, y)  # None: one thread, as scikit-learn's
+        assert calls == [1, 3] and torch.get_num_threads() == 3
+        model.set_params(n_jobs=2).predict(X)
+        assert calls == [1, 3, 2, 3]
+        LatticeRegressor(max_iter=2, n_jobs=-1).fit(X, y)
+        assert calls[-2:] == [len(os.sched_getaffinity(0)), 3]
     finally:
         set_threads(before)
-    with pytest.raises(ValueError, match="torch_threads"):
-        LatticeRegressor(max_iter=2, torch_threads=0).fit(X, y)
+    for wrong in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="n_jobs must be a non-zero int or None"):
+            LatticeRegressor(max_iter=2, n_jobs=wrong).fit(X, y)
 
 
-def _exact_features(model) -> set:
-    """Features whose lattice dimension the layers keep exactly monotone under rounding."""
-    return {j for lattice in model.model_.lattices for j in exact_columns(lattice)}
+def test_set_output_gives_pandas_and_polars_predictions():
+    pandas = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    frame = pandas.DataFrame(rng.uniform(size=(120, 2)), columns=["area", "age"], index=range(500, 620))
+    y = np.digitize(frame["area"] + 0.1 * rng.normal(size=120), [0.3, 0.6])
+    names = {0: "low", 1: "mid", 2: "high"}
+    labels = np.array([names[v] for v in y])
+    regressor = LatticeRegressor(features={"area": "increasing"}, **FAST).set_output(transform="pandas")
+    predicted = regressor.fit(frame, y.astype(float)).predict(frame)
+    assert isinstance(predicted, pandas.Series) and list(predicted.index) == list(frame.index)
+    np.testing.assert_array_equal(
+        predicted.to_numpy(), regressor.set_output(transform="default").predict(frame)
+    )
+    with pytest.warns(UserWarning, match="valid feature names"):
+        assert isinstance(regressor.predict(frame.to_numpy()), np.ndarray)
+
+    classifier = LatticeClassifier(**FAST).set_output(transform="pandas").fit(frame, labels)
+    probabilities = classifier.predict_proba(frame)
+    assert list(probabilities.columns) == list(classifier.classes_) and list(probabilities.index) == list(
+        frame.index
+    )
+    assert list(classifier.predict_log_proba(frame).columns) == list(classifier.classes_)
+    assert isinstance(classifier.predict(frame), pandas.Series)
+    ordered = pandas.Series(pandas.Categorical(labels, categories=["low", "mid", "high"], ordered=True))
+    ordinal = LatticeClassifier(**FAST).set_output(transform="pandas").fit(frame, ordered)
+    assert list(ordinal.decision_function(frame).columns) == ["at least mid", "at least high"]
+    binary = LatticeClassifier(**FAST).set_output(transform="pandas").fit(frame, labels == "high")
+    assert binary.decision_function(frame).name == "decision"
+
+    from sklearn.base import clone
+
+    assert clone(classifier)._sklearn_output_config == {"transform": "pandas"}
+    with pytest.raises(ValueError, match="transform must be"):
+        classifier.set_output(transform="arrow")
+
+    polars = pytest.importorskip("polars")
+    table = polars.DataFrame({"area": frame["area"].to_numpy(), "age": frame["age"].to_numpy()})
+    as_polars = classifier.set_output(transform="polars").predict_proba(table)
+    assert isinstance(as_polars, polars.DataFrame) and as_polars.columns == [
+        str(c) for c in classifier.classes_
+    ]
+    np.testing.assert_allclose(as_polars.to_numpy(), probabilities.to_numpy(), rtol=1e-6)
+
+
+def test_a_polars_frame_declares_features_by_name_and_an_enum_orders_its_categories():
+    polars = pytest.importorskip("polars")
+    pytest.importorskip("pandas")
+    rng = np.random.default_rng(1)
+    tiers = rng.choice(["lo", "mid", "hi"], 300)
+    table = polars.DataFrame(
+        {
+            "area": rng.uniform(size=300),
+            "tier": polars.Series(tiers.tolist(), dtype=polars.Enum(["lo", "mid", "hi"])),
+        }
+    )
+    y = table["area"].to_numpy() + np.array([{"lo": 0, "mid": 1, "hi": 2}[t] for t in tiers])
+    model = LatticeRegressor(features={"area": "increasing", "tier": "increasing"}, **FAST).fit(table, y)
+    assert list(model.feature_names_in_) == ["area", "tier"] and model.categories_[1] == ["lo", "mid", "hi"]
+    assert_monotone_up_to_rounding(model, table)
+    assert model.score(table, y) > 0.95
 
 
 SPECS = st.sampled_from(["increasing", "decreasing", None, "concave", {"monotonicity": -1, "convexity": 1}])
@@ -197,7 +310,7 @@ def test_monotone_in_every_declared_feature_for_any_parameters(specs, categorica
     }
     model = LatticeRegressor(features=features, max_iter=1, lattice_rank=3).fit(X, rng.normal(size=n))
     randomize(model.model_, seed, scale)
-    exact = _exact_features(model)
+    exact = exact_features(model)
     for j, feature in enumerate(model.features_):
         if not feature.monotonicity:
             continue
@@ -220,7 +333,7 @@ def test_monotone_in_every_declared_feature_for_any_parameters(specs, categorica
 def test_the_first_monotone_feature_is_exactly_monotone_on_a_dense_grid():
     X, y = three_feature_table()
     model = LatticeRegressor(features={"x0": "decreasing", "x1": "increasing"}, max_iter=30).fit(X, -y)
-    assert 0 in _exact_features(model)
+    assert 0 in exact_features(model)
     grid = np.repeat(X[:16], 2001, axis=0)
     grid[:, 0] = np.tile(np.linspace(-0.2, 1.2, 2001), 16)
     assert (np.diff(model.predict(grid).reshape(16, 2001), axis=1) <= 0).all()
@@ -296,7 +409,7 @@ def test_partial_fit_fine_tunes_on_new_rows_keeping_keypoints():
     model.partial_fit(X[300:], shifted)
     assert [list(k) for k in model.keypoints_] == keypoints and model.n_iter_ > iterations
     assert np.mean((model.predict(X[300:]) - shifted) ** 2) < 0.5 * before
-    assert model.check_monotone(X) == {"x0": 0.0}
+    assert_monotone_up_to_rounding(model, X)
     labels = (y > np.median(y)).astype(int)
     classifier = LatticeClassifier().fit(X[:300], labels[:300]).partial_fit(X[300:], labels[300:])
     assert classifier.score(X, labels) > 0.85

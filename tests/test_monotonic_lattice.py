@@ -23,6 +23,7 @@ from monotone_helpers import (
     exact_columns,
     one_thread,  # noqa: F401 (an autouse fixture)
     randomize,
+    rounding_bound,
     sweep,
     sweep_values,
 )
@@ -95,18 +96,6 @@ def test_bounded_lattice_first_monotone_input_is_exact_for_200_seeds():
     assert worst <= 0.0
 
 
-def _unit_roundoff(dtype: torch.dtype) -> float:
-    return 2.0**-53 if dtype == torch.float64 else 2.0**-24
-
-
-def _rounding_bound(module: nn.Module, dtype: torch.dtype = torch.float32) -> float:
-    """The module docstring's bound on a decrease along a later monotone input."""
-    values = module.bank.vertex_values(dtype)
-    rank = len(module.bank.sizes)
-    terms = 6 * rank + 4 + (2 * values.shape[0] if isinstance(module, LatticeEnsemble) else 0)
-    return terms * _unit_roundoff(dtype) * values.abs().max().item()
-
-
 def _worst_decrease(module: nn.Module, sizes, columns, dtype, generator) -> float:
     base = base_points(sizes, 16, generator).to(dtype)
     worst = 0.0
@@ -125,24 +114,24 @@ def _worst_decrease(module: nn.Module, sizes, columns, dtype, generator) -> floa
     scale=st.sampled_from([1.0, 1e4, 8e6, 1e30]),
     seed=st.integers(0, 2**16),
 )
-def test_later_monotone_inputs_stay_within_the_rounding_bound(rank, size, dtype, scale, seed):
+def test_later_monotone_inputs_stay_within_therounding_bound(rank, size, dtype, scale, seed):
     """All inputs monotone, vertex values huge and of both signs, so outputs cancel."""
     lattice = Lattice([size] * rank, [1] * rank).to(dtype)
     randomize(lattice, seed, scale)
     worst = _worst_decrease(
         lattice, [size] * rank, range(1, rank), dtype, torch.Generator().manual_seed(seed)
     )
-    assert worst <= _rounding_bound(lattice, dtype)
+    assert worst <= rounding_bound(lattice, dtype)
 
 
 @PROPERTY
 @given(num_inputs=st.integers(3, 6), scale=st.sampled_from([1.0, 8e6, 1e30]), seed=st.integers(0, 2**16))
-def test_ensemble_later_monotone_inputs_stay_within_the_rounding_bound(num_inputs, scale, seed):
+def test_ensemble_later_monotone_inputs_stay_within_therounding_bound(num_inputs, scale, seed):
     ensemble = LatticeEnsemble(num_inputs, 3, num_inputs, 3, [1] * num_inputs, seed=seed)
     randomize(ensemble, seed, scale)
     generator = torch.Generator().manual_seed(seed)
     worst = _worst_decrease(ensemble, [3] * num_inputs, range(num_inputs), torch.float32, generator)
-    assert worst <= _rounding_bound(ensemble)
+    assert worst <= rounding_bound(ensemble)
 
 
 def test_rounding_bound_holds_after_large_step_training():
@@ -158,7 +147,7 @@ def test_rounding_bound_holds_after_large_step_training():
         opt.step()
     assert lattice.vertex_values().abs().max() > 1e6
     worst = _worst_decrease(lattice, [3] * 4, range(1, 4), torch.float32, torch.Generator().manual_seed(0))
-    assert worst <= _rounding_bound(lattice)
+    assert worst <= rounding_bound(lattice)
 
 
 @pytest.mark.parametrize("bounds", [(None, None), (0.0, 1.0)])

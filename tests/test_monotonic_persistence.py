@@ -47,6 +47,24 @@ def _tamper(path, edit):
 
 
 @pytest.mark.safety
+@pytest.mark.parametrize("fraction", [None, 0.2])
+def test_a_file_saved_before_n_jobs_and_early_stopping_loads(tmp_path, fraction):
+    """Files written while the estimators took ``torch_threads`` and a ``validation_fraction``
+    that was None without early stopping load with today's parameters."""
+    X, y = three_feature_table(200)
+    model = LatticeRegressor(max_iter=20).fit(X, y)
+    model.save(tmp_path / "model.pt")
+    data = torch.load(tmp_path / "model.pt", weights_only=True)
+    for name in ("n_jobs", "early_stopping"):
+        del data["params"][name]
+    data["params"].update(torch_threads=1, validation_fraction=fraction)
+    torch.save(data, tmp_path / "old.pt")
+    loaded = LatticeRegressor.load(tmp_path / "old.pt")
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    assert loaded.early_stopping is (fraction is not None) and loaded.n_jobs is None
+    assert loaded.validation_fraction == (0.1 if fraction is None else fraction)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -68,6 +68,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastload._checks import import_optional
 from fastload.errors import NotFittedError
 from fastload.monotonic.constraints import check_finite_parameters
 from fastload.monotonic.features import (
@@ -84,7 +85,9 @@ from fastload.monotonic.features import (
 )
 from fastload.monotonic.fitting import (
     TableModel,
+    Training,
     monotone_violations,
+    threads_for,
     torch_threads,
     train_table_model,
 )
@@ -96,6 +99,7 @@ from fastload.monotonic.persistence import (
     plain_value,
     read_estimator_file,
     save_estimator,
+    saved_params,
     stored_features,
 )
 
@@ -156,11 +160,12 @@ class _LatticeEstimator(BaseEstimator):
         tol: float = 2e-2,
         learning_rate: float = 0.05,
         batch_size: Optional[int] = None,
-        validation_fraction: Optional[float] = None,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
         n_iter_no_change: int = 20,
         random_state: Optional[int] = 0,
         kind: str = "lattice",
-        torch_threads: Optional[int] = 1,
+        n_jobs: Optional[int] = None,
         ordinal: bool = False,
     ):
         self.features = features
@@ -173,11 +178,12 @@ class _LatticeEstimator(BaseEstimator):
         self.tol = tol
         self.learning_rate = learning_rate
         self.batch_size = batch_size
+        self.early_stopping = early_stopping
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.random_state = random_state
         self.kind = kind
-        self.torch_threads = torch_threads
+        self.n_jobs = n_jobs
         self.ordinal = ordinal  # LatticeClassifier's: its classes are ordered
 
     # ------------------------------------------------------------------------------- inputs
@@ -255,10 +261,12 @@ class _LatticeEstimator(BaseEstimator):
         loss,
         placement: Optional[np.ndarray],
         weights: Optional[np.ndarray],
+        stratify: Optional[torch.Tensor] = None,
     ) -> None:
         """Builds the model from ``random_state`` and trains it (:func:`train_table_model`, each
-        sample's ``loss`` weighted by ``weights``) on ``torch_threads`` threads."""
-        with torch_threads(self.torch_threads):
+        sample's ``loss`` weighted by ``weights``, early stopping's split drawn within each class
+        of ``stratify``) on ``n_jobs`` threads."""
+        with torch_threads(threads_for(self.n_jobs)):
             for name in ("max_iter", "n_iter_no_change"):
                 if int(getattr(self, name)) < 1:
                     raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -268,24 +276,41 @@ class _LatticeEstimator(BaseEstimator):
             if placement is not None:
                 self._place_keypoints(x, placement)
             model = self._build(num_outputs, self.seed_)
-            self.loss_curve_: List[float] = train_table_model(
-                model, x, target, loss, **self._training_options(weights)
-            )
+            training = train_table_model(model, x, target, loss, **self._training_options(weights, stratify))
             check_finite_parameters(model)
-            self.n_iter_ = len(self.loss_curve_)
+            self._record(training, [], [])
             self.model_ = model.eval()
 
-    def _resume(self, x: torch.Tensor, target: torch.Tensor, loss, weights: Optional[np.ndarray]) -> None:
+    def _resume(
+        self, x: torch.Tensor, target: torch.Tensor, loss, weights: Optional[np.ndarray], stratify=None
+    ) -> None:
         """partial_fit's training: the fitted model, trained further on these rows."""
-        with torch_threads(self.torch_threads):
+        with torch_threads(threads_for(self.n_jobs)):
             model = self.model_.train()
-            curve = train_table_model(model, x, target, loss, **self._training_options(weights))
+            training = train_table_model(model, x, target, loss, **self._training_options(weights, stratify))
             check_finite_parameters(model)
-            self.loss_curve_ = list(self.loss_curve_) + curve
-            self.n_iter_ = len(self.loss_curve_)
+            self._record(training, self.loss_curve_, getattr(self, "validation_loss_curve_", []))
             self.model_ = model.eval()
 
-    def _training_options(self, weights: Optional[np.ndarray]) -> Dict[str, Any]:
+    def _record(self, training: Training, loss_curve: List[float], validation_curve: List[float]) -> None:
+        """Appends a training's curves to the fitted ones: ``loss_curve_`` (training loss per
+        round), ``validation_loss_curve_`` and ``best_validation_loss_`` (with early stopping),
+        ``n_iter_`` (rounds in all)."""
+        self.loss_curve_: List[float] = list(loss_curve) + training.loss_curve
+        self.n_iter_ = len(self.loss_curve_)
+        if training.validation_loss_curve:
+            self.validation_loss_curve_: List[float] = list(validation_curve) + training.validation_loss_curve
+            self.best_validation_loss_ = min(training.validation_loss_curve)
+        else:
+            for name in ("validation_loss_curve_", "best_validation_loss_"):
+                if hasattr(self, name):
+                    delattr(self, name)
+
+    def _training_options(
+        self, weights: Optional[np.ndarray], stratify: Optional[torch.Tensor]
+    ) -> Dict[str, Any]:
+        if not isinstance(self.early_stopping, (bool, np.bool_)):
+            raise ValueError(f"early_stopping must be True or False, got {self.early_stopping!r}")
         return {
             "weights": None if weights is None else torch.tensor(weights, dtype=torch.float32),
             "seed": self.seed_,
@@ -294,11 +319,46 @@ class _LatticeEstimator(BaseEstimator):
             "tol": self.tol,
             "learning_rate": self.learning_rate,
             "batch_size": self.batch_size,
-            "validation_fraction": self.validation_fraction,
+            "validation_fraction": self.validation_fraction if self.early_stopping else None,
             "n_iter_no_change": self.n_iter_no_change,
+            "stratify": stratify,
         }
 
     # ------------------------------------------------------------------------------ output
+
+    def set_output(self, *, transform: Optional[str] = None):
+        """The container ``predict``, ``predict_proba``, ``predict_log_proba`` and
+        ``decision_function`` return: "default" (NumPy arrays), "pandas" (a Series, or a
+        DataFrame whose columns are the classes, indexed as X when X is a DataFrame) or
+        "polars"; None leaves it. scikit-learn's call and argument name, which set its
+        transformers' output: these estimators have no ``transform``, so it sets their
+        predictions' (a Pipeline passes it to transformers only: call it on the estimator).
+        ``clone`` keeps it."""
+        if transform is None:
+            return self
+        if transform not in ("default", "pandas", "polars"):
+            raise ValueError(
+                f"set_output: transform must be 'default', 'pandas', 'polars' or None, got {transform!r}"
+            )
+        self._sklearn_output_config = {"transform": transform}
+        return self
+
+    def _output(self, values: np.ndarray, X, name: str, columns: Optional[List[Any]] = None):
+        """``values`` (1-D: one per row of X; 2-D: ``columns``) in the container of
+        :meth:`set_output`."""
+        container = getattr(self, "_sklearn_output_config", {}).get("transform", "default")
+        if container == "default":
+            return values
+        if container == "pandas":
+            pandas = import_optional("pandas", "set_output(transform='pandas')", "pip install pandas")
+            index = X.index if isinstance(X, pandas.DataFrame) else None
+            if values.ndim == 1:
+                return pandas.Series(values, index=index, name=name)
+            return pandas.DataFrame(values, index=index, columns=columns)
+        polars = import_optional("polars", "set_output(transform='polars')", "pip install polars")
+        if values.ndim == 1:
+            return polars.Series(name, values)
+        return polars.DataFrame({str(c): values[:, j] for j, c in enumerate(columns or [])})
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "model_"):
@@ -309,7 +369,7 @@ class _LatticeEstimator(BaseEstimator):
     def _scores(self, X) -> torch.Tensor:
         """The model's raw output, (N, outputs)."""
         x = self._prepare(X, fitting=False)
-        with torch.no_grad(), torch_threads(self.torch_threads):
+        with torch.no_grad(), torch_threads(threads_for(self.n_jobs)):
             return self.model_(x)
 
     def _score_units(self) -> float:
@@ -325,7 +385,7 @@ class _LatticeEstimator(BaseEstimator):
         rounding may leave a tiny positive value. Raises ValueError on NaN outputs."""
         x = self._prepare(X, fitting=False)
         violations = monotone_violations(
-            self.model_, x, self.features_, self.categories_, num_steps, self.torch_threads
+            self.model_, x, self.features_, self.categories_, num_steps, threads_for(self.n_jobs)
         )
         return {name: violation * self._score_units() for name, violation in violations.items()}
 
@@ -362,7 +422,7 @@ class _LatticeEstimator(BaseEstimator):
         missing sentinel): what a deployment expects the model to guarantee. Loads with
         ``weights_only=True``: no code from the file runs."""
         data = read_estimator_file(path, cls.__name__)
-        estimator = cls(**data["params"])
+        estimator = cls(**saved_params(data))
         stored = stored_features(path, data, estimator.features, features)
         estimator.features_, estimator.n_features_in_ = stored, len(stored)
         if data["feature_names_in"] is not None:
@@ -396,11 +456,16 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     minibatches), ``max_iter`` (L-BFGS iterations or Adam epochs), ``tol`` (L-BFGS stops once 5
     iterations improved the training loss by less than this fraction, twice in a row),
     ``learning_rate`` (Adam's), ``batch_size`` (Adam's; None: full batch),
-    ``validation_fraction`` and ``n_iter_no_change`` (early stopping), ``random_state`` (an
-    int, a RandomState or None for a fresh seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
-    ``torch_threads`` (torch's intra-op threads while fitting and predicting, restored after;
-    these tensors are small, so one thread is fastest: benches/RESULTS.md; None leaves torch's
-    setting).
+    ``early_stopping`` (hold out ``validation_fraction`` of the rows, drawn from the seed and,
+    for a classifier, within each class; stop after ``n_iter_no_change`` rounds without a lower
+    validation loss and keep the best round: ``validation_loss_curve_``,
+    ``best_validation_loss_``), ``random_state`` (an int, a RandomState or None for a fresh
+    seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
+    ``n_jobs`` (torch's intra-op threads while fitting and predicting, restored after; None is
+    one, -1 every core, as in scikit-learn: these tensors are small, and on 2 cores a second
+    thread measured no faster, benches/RESULTS.md). Fitted: ``loss_curve_`` (training loss per
+    round), ``n_iter_``, ``n_features_in_``, ``feature_names_in_`` (DataFrames with string
+    column names). :meth:`set_output` gives pandas or polars predictions.
     """
 
     def fit(self, X, y, sample_weight=None):
@@ -435,9 +500,9 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     def _squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return (out[:, 0] - target) ** 2
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X):
         scores = self._scores(X)[:, 0].double().numpy()
-        return self.y_mean_ + self.y_scale_ * scores
+        return self._output(self.y_mean_ + self.y_scale_ * scores, X, "prediction")
 
     def _score_units(self) -> float:
         return self.y_scale_
@@ -488,7 +553,9 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
         # Ordered classes and two classes are an order along which the target changes;
         # codes of unordered classes are no such scale, so they keep quantile keypoints.
         placement = codes.numpy() if len(self.classes_) == 2 or self.ordinal_ else None
-        self._train(x, self._class_target(codes), self._num_outputs(), self._class_loss(), placement, weights)
+        self._train(
+            x, self._class_target(codes), self._num_outputs(), self._class_loss(), placement, weights, codes
+        )
         return self
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -512,7 +579,8 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
         if unseen:
             raise ValueError(f"partial_fit got labels the classifier was not fitted on: {', '.join(unseen)}")
         codes = torch.tensor([lookup[c] for c in labels], dtype=torch.int64)
-        self._resume(x, self._class_target(codes), self._class_loss(), sample_weights(sample_weight, len(x)))
+        weights = sample_weights(sample_weight, len(x))
+        self._resume(x, self._class_target(codes), self._class_loss(), weights, codes)
         return self
 
     def _class_target(self, codes: torch.Tensor) -> torch.Tensor:
@@ -530,15 +598,39 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
     def _ordinal_classes(self) -> Optional[int]:
         return len(self.classes_) if self.ordinal_ else None
 
-    def decision_function(self, X) -> np.ndarray:
+    def decision_function(self, X):
         """Scores: shape (N,) for two classes (the log-odds of ``classes_[1]``), (N, classes)
         for more; for ordered classes (N, classes - 1), column k the log-odds of a class at or
-        above ``classes_[k + 1]``, each monotone in the declared features."""
+        above ``classes_[k + 1]`` (named "at least" that class in a DataFrame), each monotone
+        in the declared features."""
+        scores = self._decisions(X)
+        if self.ordinal_:
+            return self._output(scores, X, "decision", [f"at least {c}" for c in self.classes_[1:].tolist()])
+        return self._output(scores, X, "decision", self.classes_.tolist())
+
+    def predict_proba(self, X):
+        """Each class's probability, (N, classes) in the order of ``classes_``."""
+        return self._output(self._probabilities(X), X, "probability", self.classes_.tolist())
+
+    def predict_log_proba(self, X):
+        with np.errstate(divide="ignore"):
+            return self._output(np.log(self._probabilities(X)), X, "log_probability", self.classes_.tolist())
+
+    def predict(self, X):
+        self._check_fitted()
+        if self.ordinal_:
+            index = self._probabilities(X).argmax(1)
+        else:
+            scores = self._decisions(X)
+            index = (scores > 0).astype(int) if len(self.classes_) == 2 else scores.argmax(1)
+        return self._output(self.classes_[index], X, "prediction")
+
+    def _decisions(self, X) -> np.ndarray:
         scores = self._scores(X).double().numpy()
         return scores[:, 0] if len(self.classes_) == 2 else scores
 
-    def predict_proba(self, X) -> np.ndarray:
-        scores = self.decision_function(X)
+    def _probabilities(self, X) -> np.ndarray:
+        scores = self._decisions(X)
         if self.ordinal_:
             return class_probabilities(torch.from_numpy(scores)).numpy()
         if len(self.classes_) == 2:
@@ -547,18 +639,6 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
             return np.stack([1.0 - positive, positive], 1)
         shifted = np.exp(scores - scores.max(1, keepdims=True))
         return shifted / shifted.sum(1, keepdims=True)
-
-    def predict_log_proba(self, X) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            return np.log(self.predict_proba(X))
-
-    def predict(self, X) -> np.ndarray:
-        self._check_fitted()
-        if self.ordinal_:
-            return self.classes_[self.predict_proba(X).argmax(1)]
-        scores = self.decision_function(X)
-        index = (scores > 0).astype(int) if len(self.classes_) == 2 else scores.argmax(1)
-        return self.classes_[index]
 
     def _fitted_state(self) -> Dict[str, Any]:
         return {"classes": [plain_value(c) for c in self.classes_], "ordinal": self.ordinal_}

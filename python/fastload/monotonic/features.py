@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from fastload._checks import import_optional
 from fastload.monotonic.constraints import CURVATURES, as_direction
 
 try:  # scikit-learn's warning class when it is there, so its checks recognise the warning
@@ -210,6 +211,26 @@ def _missing_mask(values: np.ndarray) -> np.ndarray:
         return np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in values], dtype=bool)
 
 
+def _polars_as_pandas(X):
+    """A polars DataFrame as a pandas one, column by column (polars' own ``to_pandas`` needs
+    pyarrow): an Enum column becomes an ordered Categorical, whose order declares a monotone
+    categorical feature as a pandas one does."""
+    pandas = import_optional("pandas", "a polars DataFrame as X", "pip install pandas")
+    import polars
+
+    columns = {}
+    for name in X.columns:
+        column = X.get_column(name)
+        if isinstance(column.dtype, polars.Enum):
+            order = column.dtype.categories.to_list()
+            columns[name] = pandas.Categorical(
+                column.cast(polars.String).to_list(), categories=order, ordered=True
+            )
+        else:
+            columns[name] = column.to_numpy()
+    return pandas.DataFrame(columns)
+
+
 def table_columns(X, estimator: str) -> Tuple[List[Any], Optional[List[str]], Tuple[int, int]]:
     """X's columns, its feature names (DataFrames with string column names) and shape, with the
     checks and messages of scikit-learn's own input validation; ``estimator`` names the
@@ -218,6 +239,8 @@ def table_columns(X, estimator: str) -> Tuple[List[Any], Optional[List[str]], Tu
         raise ValueError(f"{estimator} needs X, got None")
     if hasattr(X, "nnz") and hasattr(X, "toarray"):
         raise TypeError("sparse input is not supported: densify it with X.toarray()")
+    if type(X).__module__.startswith("polars") and hasattr(X, "get_column"):
+        X = _polars_as_pandas(X)
     if _is_frame(X):
         # Names as strings once any is a string, so a mixed frame's names still declare.
         names = [str(c) for c in X.columns] if any(isinstance(c, str) for c in X.columns) else None

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from fastload._checks import is_int
 from fastload.monotonic.calibrators import CategoricalCalibrator, Located, PWLCalibrator
 from fastload.monotonic.constraints import check_declared_buffer, check_monotone
 from fastload.monotonic.features import Feature
@@ -21,17 +23,33 @@ from fastload.monotonic.lattice import Lattice, LatticeEnsemble
 from fastload.monotonic.linear import MonotoneLinear
 from fastload.monotonic.ordinal import CumulativeLink
 
-__all__ = ["TableModel", "monotone_violations", "torch_threads", "train_table_model"]
+__all__ = [
+    "TableModel",
+    "Training",
+    "monotone_violations",
+    "threads_for",
+    "torch_threads",
+    "train_table_model",
+    "validation_split",
+]
+
+
+def threads_for(n_jobs: Optional[int]) -> int:
+    """Threads for ``n_jobs``, counted as scikit-learn and joblib count them: None is one, -1
+    every core this process may run on, -2 all but one, and so on."""
+    if n_jobs is None:
+        return 1
+    if not is_int(n_jobs) or n_jobs == 0:
+        raise ValueError(f"n_jobs must be a non-zero int or None, got {n_jobs!r}")
+    if n_jobs > 0:
+        return int(n_jobs)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores + 1 + int(n_jobs))
 
 
 @contextlib.contextmanager
-def torch_threads(count: Optional[int]):
-    """torch's intra-op thread count set to ``count`` for the block (None: left alone)."""
-    if count is None:
-        yield
-        return
-    if int(count) < 1:
-        raise ValueError(f"torch_threads must be >= 1 or None, got {count}")
+def torch_threads(count: int):
+    """torch's intra-op thread count set to ``count`` for the block, restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(int(count))
     try:
@@ -171,6 +189,15 @@ class _Sweep(nn.Module):
         return self.model(x)
 
 
+class Training(NamedTuple):
+    """What :func:`train_table_model` reports: the training loss after each round (an L-BFGS
+    iteration, or an Adam epoch), and the validation loss after each round with early stopping
+    (empty without)."""
+
+    loss_curve: List[float]
+    validation_loss_curve: List[float]
+
+
 def train_table_model(
     model: TableModel,
     x: torch.Tensor,
@@ -186,9 +213,9 @@ def train_table_model(
     batch_size: Optional[int],
     validation_fraction: Optional[float],
     n_iter_no_change: int,
-) -> List[float]:
-    """Trains ``model`` in place and returns its training loss after each round (an L-BFGS
-    iteration, or an Adam epoch). ``loss`` gives each sample's loss; the training loss is their
+    stratify: Optional[torch.Tensor] = None,
+) -> Training:
+    """Trains ``model`` in place. ``loss`` gives each sample's loss; the training loss is their
     mean weighted by ``weights`` (sample weights; None: equal).
 
     ``solver="lbfgs"``: full-batch L-BFGS with a strong-Wolfe line search. Why: the model has a
@@ -201,7 +228,9 @@ def train_table_model(
     the loss by less than ``tol`` (relative) and, after a fresh start of its curvature memory,
     5 more did too. ``solver="adam"``: Adam with
     ``learning_rate``, full batch (``batch_size`` None) or minibatches shuffled from ``seed``,
-    for ``max_iter`` epochs. With ``validation_fraction`` (either solver) stops after
+    for ``max_iter`` epochs. With ``validation_fraction`` (either solver; early stopping) that
+    share of the rows, drawn from ``seed`` within each class of ``stratify`` (a classifier's
+    codes, so every class is in both parts), is held out; training stops after
     ``n_iter_no_change`` rounds without a better validation loss and keeps the best round's
     parameters."""
     if solver not in ("lbfgs", "adam"):
@@ -214,17 +243,9 @@ def train_table_model(
     weights = torch.ones(len(x)) if weights is None else weights
     train_x, train_t, train_w, val_x, val_t, val_w = x, target, weights, None, None, None
     if validation_fraction is not None:
-        if not 0 < validation_fraction < 1:
-            raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
-        held = round(len(x) * validation_fraction)
-        if not 1 <= held < len(x):
-            raise ValueError(
-                f"validation_fraction={validation_fraction} of {len(x)} samples leaves no "
-                "training or no validation sample"
-            )
-        order = torch.randperm(len(x), generator=generator)
-        train_x, train_t, train_w = x[order[held:]], target[order[held:]], weights[order[held:]]
-        val_x, val_t, val_w = x[order[:held]], target[order[:held]], weights[order[:held]]
+        held, kept = validation_split(len(x), validation_fraction, stratify, generator)
+        train_x, train_t, train_w = x[kept], target[kept], weights[kept]
+        val_x, val_t, val_w = x[held], target[held], weights[held]
     batch = len(train_x) if batch_size is None else int(batch_size)
     if batch < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -246,7 +267,29 @@ def train_table_model(
             model, located, train_t, train_w, loss, int(max_iter), learning_rate, batch, generator, stopping
         )
     stopping.restore_best()
-    return curve
+    return Training(curve, stopping.curve)
+
+
+def validation_split(
+    count: int, fraction: float, stratify: Optional[torch.Tensor], generator: torch.Generator
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(held-out rows, training rows): ``fraction`` of ``count`` rows drawn from ``generator``,
+    that share of each class of ``stratify`` when given."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation_fraction must be in (0, 1), got {fraction}")
+    order = torch.randperm(count, generator=generator)
+    groups = [order] if stratify is None else [order[stratify[order] == code] for code in stratify.unique()]
+    parts = [
+        (group[: round(len(group) * fraction)], group[round(len(group) * fraction) :]) for group in groups
+    ]
+    held, kept = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    if len(held) == 0 or len(kept) == 0 or (stratify is not None and min(len(p[1]) for p in parts) == 0):
+        raise ValueError(
+            f"validation_fraction={fraction} of {count} samples leaves no "
+            f"{'validation' if len(held) == 0 else 'training'} sample"
+            + ("" if stratify is None else " of some class")
+        )
+    return held.sort().values, kept.sort().values
 
 
 class _EarlyStopping:
@@ -255,6 +298,7 @@ class _EarlyStopping:
     def __init__(self, model: TableModel, located, target, weights, loss, patience: int):
         self.model, self.located, self.target, self.weights, self.loss = model, located, target, weights, loss
         self.patience, self.best, self.best_state, self.waited = int(patience), math.inf, None, 0
+        self.curve: List[float] = []
 
     def should_stop(self) -> bool:
         if self.located is None:
@@ -262,6 +306,7 @@ class _EarlyStopping:
         with torch.no_grad():
             losses = self.loss(self.model.evaluate(self.located), self.target)
             current = ((losses * self.weights).sum() / self.weights.sum()).item()
+        self.curve.append(current)
         if current < self.best:
             self.best, self.best_state, self.waited = current, copy.deepcopy(self.model.state_dict()), 0
             return False
@@ -374,7 +419,7 @@ def monotone_violations(
     features: Sequence[Feature],
     categories: Sequence[Optional[Sequence[Any]]],
     num_steps: int,
-    threads: Optional[int],
+    threads: int,
 ) -> Dict[str, float]:
     """Largest decrease of each declared monotone feature's output (model units) as it sweeps in
     its direction over ``num_steps`` values (numbers: the range in the encoded ``x`` widened by

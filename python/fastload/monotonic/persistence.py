@@ -26,6 +26,7 @@ __all__ = [
     "plain_value",
     "read_estimator_file",
     "save_estimator",
+    "saved_params",
     "stored_features",
 ]
 
@@ -130,6 +131,20 @@ def read_estimator_file(path: Union[str, Path], estimator: str) -> Dict[str, Any
     if data["estimator"] != estimator:
         raise ValueError(f"{path} holds a {data['estimator']}, not a {estimator}")
     return data
+
+
+def saved_params(data: Dict[str, Any]) -> Dict[str, Any]:
+    """The constructor arguments a file stores, in today's names: files saved before
+    ``n_jobs`` and ``early_stopping`` hold ``torch_threads`` (1 then, as ``n_jobs=None`` now)
+    and a ``validation_fraction`` that was None without early stopping."""
+    params = dict(data["params"])
+    params.pop("torch_threads", None)
+    if "early_stopping" not in params:
+        fraction = params.pop("validation_fraction", None)
+        params["early_stopping"] = fraction is not None
+        if fraction is not None:
+            params["validation_fraction"] = fraction
+    return params
 
 
 def stored_features(
