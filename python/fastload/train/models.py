@@ -279,7 +279,7 @@ def _placed_calibrators(
     error names the input whose list is wrong."""
     if len(keypoints) != monotone_inputs:
         raise ValueError(
-            f"monotone_input_keypoints has {len(keypoints)} lists for {monotone_inputs} monotone inputs"
+            f"monotone_input_keypoints has {len(keypoints)} keypoint list(s) for {monotone_inputs} monotone inputs"
         )
     calibrators = []
     for i, points in enumerate(keypoints):
