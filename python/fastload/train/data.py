@@ -50,7 +50,10 @@ NORMALIZATION_SAMPLE = 512
 class TrainingData:
     """What a run trains and validates on, opened and checked: the same for every model trained
     on it. ``stores`` fingerprints them for checkpoints; ``statistics`` is the data's part of a
-    run's model config (task, channels, input ranges, output range or classes, normalization);
+    run's model config (task, channels, the monotone inputs' ranges and calibrator keypoints,
+    output range or classes, normalization): the keypoints placed from the training inputs and
+    labels (class codes of two or ordered classes; quantiles alone for unordered classes), so a
+    checkpoint rebuilds the same calibrators;
     ``baseline`` what a model ignoring the images scores (``baseline_rmse`` or
     ``baseline_accuracy``)."""
 
