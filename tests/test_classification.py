@@ -17,7 +17,9 @@ import fastload
 from fastload import cli
 from fastload.monotonic import check_monotone
 from fastload.store import Store, StoreWriter
-from fastload.train import MonotonicClassifier, build_model, fit, format_epoch, prepare_images
+from fastload.train import MonotonicClassifier, TrainConfig, build_model, fit, format_epoch, prepare_images
+from fastload.train.checkpoint import load_checkpoint
+from fastload.train.data import open_data
 
 SIDE, PER_CLASS = 8, 16
 COLORS = {"blue": (40, 60, 210), "green": (50, 200, 60), "red": (210, 50, 40)}  # sorted: class order
@@ -251,6 +253,52 @@ def test_an_ordinal_run_trains_and_rebuilds_and_a_regression_refuses_it(class_st
     assert rebuilt.link is not None
     with pytest.raises(ValueError, match="ordinal=True orders the classes of a classification"):
         fit(ages_store, ordinal=True, epochs=1, **FAST)
+
+
+# Class codes that step up where a monotone input passes each of STEPS: 1350 training records
+# give place_keypoints 42 bins along it.
+STEPS, STEPPED_COUNT = (0.37, 0.7), 1500
+
+
+def _step_widths(keypoints) -> list:
+    """The width of the calibrator piece holding each of STEPS: the ramp a step becomes."""
+    points = np.asarray(keypoints)
+    return [points[points > step].min() - points[points <= step].max() for step in STEPS]
+
+
+@pytest.mark.parametrize(
+    "names, ordinal, placed",
+    [
+        (["low", "high"], False, True),  # two classes: their codes are an order
+        (["low", "mid", "high"], True, True),
+        (["cat", "dog", "fox"], False, False),  # unordered codes are no scale: quantiles
+    ],
+)
+def test_monotone_input_keypoints_follow_the_codes_of_two_or_ordered_classes(
+    tmp_path, names, ordinal, placed
+):
+    inputs = np.random.default_rng(4).uniform(0, 1, STEPPED_COUNT).astype(np.float32)
+    codes = sum(inputs > step for step in STEPS[: len(names) - 1])
+    np.save(tmp_path / "m.npy", inputs)
+    store = _store(tmp_path / "steps.fl", codes, meta={"class_names": names})
+    config = TrainConfig(store, monotone_inputs=tmp_path / "m.npy", ordinal=ordinal, device="cpu")
+    data = open_data(config, None)
+    (keypoints,) = data.statistics["monotone_input_keypoints"]
+    widths = _step_widths(keypoints)[: len(names) - 1]
+    if placed:
+        assert max(widths) < 0.04, keypoints
+    else:
+        quantiles = np.quantile(inputs[data.train_indices], np.linspace(0, 1, len(keypoints)))
+        np.testing.assert_allclose(keypoints, quantiles, atol=0.03)
+        assert min(widths) > 0.1
+
+
+def test_cli_ordinal_trains_a_cumulative_link_head(class_store, tmp_path, capsys):
+    argv = ["train", str(class_store), "--ordinal", "--checkpoint", str(tmp_path / "run.ckpt")]
+    assert cli.main(argv + CLI_SHARED) == 0
+    assert "epoch 2/2" in capsys.readouterr().out
+    config = load_checkpoint(tmp_path / "run.ckpt")["config"]
+    assert config["ordinal"] is True and build_model(config).link is not None
 
 
 def test_build_model_rebuilds_the_classifier_from_its_config(class_store):

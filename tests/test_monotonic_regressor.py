@@ -20,7 +20,7 @@ from monotone_helpers import (
 from torch import nn
 
 from fastload.monotonic import Lattice, LatticeEnsemble, MonotoneLinear, check_monotone
-from fastload.train.models import MonotonicRegressor
+from fastload.train.models import MonotonicClassifier, MonotonicRegressor
 
 
 @settings(max_examples=10, deadline=None)
@@ -134,6 +134,34 @@ def test_regressor_monotone_input_ranges_per_input():
         num_features=2, monotone_inputs=2, monotone_input_range=[(0.0, 1.0), (-50.0, 50.0)]
     )
     assert [c.input_max for c in model.input_calibrators] == [1.0, 50.0]
+
+
+def test_monotone_input_keypoints_replace_the_even_ones_in_every_head():
+    points = [[0.0, 0.36, 0.38, 1.0], [-50.0, 0.0, 50.0]]
+    regressor = MonotonicRegressor(num_features=2, monotone_inputs=2, monotone_input_keypoints=points)
+    classifier = MonotonicClassifier(3, num_features=2, monotone_inputs=2, monotone_input_keypoints=points)
+    for model in [regressor, *classifier.heads]:
+        assert [c.keypoints.tolist() for c in model.input_calibrators] == points
+    images, inputs = torch.randn(4, 3, 16, 16), torch.rand(4, 2)
+    assert check_monotone(regressor, images, inputs) <= 1e-5
+    assert check_monotone(classifier, images, inputs) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "points, message",
+    [
+        ([[0.0, 1.0]], r"monotone_input_keypoints has 1 keypoint list\(s\) for 2 monotone inputs"),
+        (
+            [[0.0, 1.0], [0.5, 0.2]],
+            r"monotone_input_keypoints\[1\]: input_keypoints must be strictly increasing",
+        ),
+        ([[0.5], [0.0, 1.0]], r"monotone_input_keypoints\[0\]: input_keypoints must be >= 2 finite values"),
+    ],
+)
+def test_wrong_monotone_input_keypoints_name_the_input(points, message):
+    for model in (MonotonicRegressor, lambda **kw: MonotonicClassifier(2, **kw)):
+        with pytest.raises(ValueError, match=message):
+            model(num_features=2, monotone_inputs=2, monotone_input_keypoints=points)
 
 
 def test_state_round_trips_keep_the_model():

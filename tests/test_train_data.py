@@ -17,9 +17,11 @@ from fastload import cli
 from fastload.augment import Augment
 from fastload.device import DeviceLoader
 from fastload.store import Store, StoreWriter
-from fastload.train import TrainConfig, fit
+from fastload.train import TrainConfig, build_model, fit
 from fastload.train import data as train_data
+from fastload.train.checkpoint import load_checkpoint
 from fastload.train.data import DataStream, open_data
+from fastload.train.models import NUM_KEYPOINTS
 
 store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
 
@@ -153,3 +155,78 @@ def test_the_stream_augments_at_the_runs_size_and_data_seed(store_path, monkeypa
     training, validation = given
     assert vars(training) == vars(Augment.from_spec("crop=0.5, flip", size=12, seed=7)) and validation is None
     assert config.augment.size is None and config.augment.seed == 0  # the config's is left as it was
+
+
+# ---------------------------------------------------------------- monotone-input keypoints
+
+
+# Labels that step by 2 where the monotone input passes STEP_AT, whatever the (noise) images:
+# 540 training records give place_keypoints 16 bins along the input.
+STEP_AT, STEP_COUNT, STEP_SIDE = 0.37, 600, 4
+STEP = dict(batch_size=32, lr=3e-2, device="cpu", threads=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def step_store(tmp_path_factory):
+    """(store, its monotone inputs' .npy) of labels with a step in the monotone input."""
+    folder = tmp_path_factory.mktemp("step")
+    rng = np.random.default_rng(0)
+    inputs = rng.uniform(0, 1, STEP_COUNT).astype(np.float32)
+    labels = 2.0 * (inputs > STEP_AT) + rng.normal(0, 0.05, STEP_COUNT)
+    images = rng.integers(0, 256, (STEP_COUNT, STEP_SIDE, STEP_SIDE, 3), dtype=np.uint8)
+    with StoreWriter(folder / "step.fastload", (STEP_SIDE, STEP_SIDE, 3)) as writer:
+        writer.extend(images, labels)
+    np.save(folder / "m.npy", inputs)
+    return folder / "step.fastload", folder / "m.npy"
+
+
+def step_piece(keypoints, step=STEP_AT) -> float:
+    """The width of the calibrator's piece holding ``step``: the ramp a step becomes."""
+    points = np.asarray(keypoints)
+    return points[points > step].min() - points[points <= step].max()
+
+
+def even_keypoints(columns, target, counts, seed):
+    """What the image models had before keypoints were placed: even ones over each range."""
+    return [np.linspace(c.min(), c.max(), n).tolist() for c, n in zip(columns, counts)]
+
+
+def input_keypoints(model):
+    return [c.keypoints.tolist() for c in model.input_calibrators]
+
+
+def test_keypoints_bracket_a_step_in_the_labels_and_the_checkpoint_rebuilds_them(step_store, tmp_path):
+    store, inputs = step_store
+    result = fit(store, monotone_inputs=inputs, epochs=1, checkpoint=tmp_path / "run.ckpt", **STEP)
+    (placed,) = result.config["monotone_input_keypoints"]
+    assert len(placed) == NUM_KEYPOINTS and step_piece(placed) < 0.04
+    ((low, high),) = result.config["monotone_input_range"]
+    assert step_piece(np.linspace(low, high, NUM_KEYPOINTS)) > 0.1  # even keypoints: a ninth
+    saved = load_checkpoint(tmp_path / "run.ckpt")["config"]
+    assert saved["monotone_input_keypoints"] == [placed]
+    assert input_keypoints(build_model(saved)) == input_keypoints(result.model) == [placed]
+
+
+def test_a_checkpoint_from_before_placed_keypoints_builds_and_resumes_on_even_ones(step_store, tmp_path):
+    store, inputs = step_store
+    fit(store, monotone_inputs=inputs, epochs=1, max_steps=3, checkpoint=tmp_path / "run.ckpt", **STEP)
+    older = torch.load(tmp_path / "run.ckpt", weights_only=True)
+    older["config"].pop("monotone_input_keypoints")
+    torch.save(older, tmp_path / "older.ckpt")
+    ((low, high),) = older["config"]["monotone_input_range"]
+    even = [torch.linspace(low, high, NUM_KEYPOINTS).tolist()]
+    assert input_keypoints(build_model(older["config"])) == even
+    resumed = fit(store, monotone_inputs=inputs, epochs=1, resume=tmp_path / "older.ckpt", **STEP)
+    assert resumed.completed and "monotone_input_keypoints" not in resumed.config
+    assert input_keypoints(resumed.model) == even
+
+
+def test_placed_keypoints_learn_a_step_better_than_even_ones(step_store, monkeypatch):
+    """Six epochs, one seed for both: measured over seeds 0-9, placed keypoints ended with 0.52
+    to 0.74 times the even ones' validation RMSE (0.63 for seed 0)."""
+    store, inputs = step_store
+    placed = fit(store, monotone_inputs=inputs, epochs=6, **STEP)
+    monkeypatch.setattr(train_data, "place_keypoints", even_keypoints)
+    even = fit(store, monotone_inputs=inputs, epochs=6, **STEP)
+    assert step_piece(even.config["monotone_input_keypoints"][0]) > 0.1
+    assert placed.history[-1]["val_rmse"] < 0.8 * even.history[-1]["val_rmse"]

@@ -221,6 +221,12 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="lattice keypoints per input (default 3)",
     )
     p.add_argument(
+        "--ordinal",
+        action="store_true",
+        help="ordered classes (grades, ratings): a cumulative-link head, P(class >= k) monotone in every "
+        "monotone input",
+    )
+    p.add_argument(
         "--size",
         type=train_option("size"),
         help="downscale images to SIZExSIZE on the device before the backbone",
@@ -271,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         monotone_inputs=args.monotone_inputs,
         val_monotone_inputs=args.val_monotone_inputs,
+        ordinal=args.ordinal,
         size=args.size,
         max_steps=args.max_steps,
         patience=args.patience,

@@ -54,7 +54,9 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
     ``monotone_inputs`` (a ``.npy`` path or array, (N,) or (N, K), aligned with ``store``) feed
     the model's monotone dimensions; with a separate ``val`` store, ``val_monotone_inputs`` are
     its aligned inputs. The model starts sensible: a regressor's output range is the training
-    labels' range widened by 10% each side (a classifier's logits start near 0), its monotone-input calibrators span the training inputs,
+    labels' range widened by 10% each side (a classifier's logits start near 0), its monotone-input calibrators span the training inputs
+    with keypoints placed from them and the labels (half at quantiles, half where the labels
+    step: :func:`~fastload.monotonic.keypoints.place_keypoints`), so a step is learned as a step,
     and images are normalized with per-channel statistics of a sample of training images
     (``size`` downscales them on the device first). ``schedule``: "cosine" (warm-up, then decay
     from ``lr``) or "constant". Each epoch trains on the training records in a fresh order

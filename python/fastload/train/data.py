@@ -24,10 +24,12 @@ from fastload.augment import Augment
 from fastload.dataset import FastLoadDataset, split_indices
 from fastload.device import DeviceLoader, to_device
 from fastload.inspect import check_batch_memory
+from fastload.monotonic.keypoints import place_keypoints
 from fastload.resident import DeviceStore, ResidentLoader
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_same_stores
 from fastload.train.config import TrainConfig
+from fastload.train.models import NUM_KEYPOINTS
 from fastload.train.task import (
     CLASSIFICATION,
     baseline,
@@ -48,7 +50,10 @@ NORMALIZATION_SAMPLE = 512
 class TrainingData:
     """What a run trains and validates on, opened and checked: the same for every model trained
     on it. ``stores`` fingerprints them for checkpoints; ``statistics`` is the data's part of a
-    run's model config (task, channels, input ranges, output range or classes, normalization);
+    run's model config (task, channels, the monotone inputs' ranges and calibrator keypoints,
+    output range or classes, normalization): the keypoints placed from the training inputs and
+    labels (class codes of two or ordered classes; quantiles alone for unordered classes), so a
+    checkpoint rebuilds the same calibrators;
     ``baseline`` what a model ignoring the images scores (``baseline_rmse`` or
     ``baseline_accuracy``)."""
 
@@ -140,6 +145,15 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
             raise ValueError(f"{what} {path} has NaN or infinite labels; a regression target must be finite")
     if task != CLASSIFICATION:
         labels["output_range"] = list(_output_range(train_labels))
+    monotone: dict = {"monotone_input_range": []}  # no keypoints without inputs, as before them
+    if train_mono is not None:
+        training = train_mono[train_idx]
+        ranges = _column_ranges(training)
+        target = _placement_target(labels, train_labels, config.ordinal)
+        monotone = {
+            "monotone_input_range": ranges,
+            "monotone_input_keypoints": _monotone_keypoints(training, ranges, target, config.data_seed),
+        }
     mean, std = _channel_statistics(train_store, train_idx, config.data_seed)
     return TrainingData(
         train_store=train_store,
@@ -152,7 +166,7 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         baseline=baseline(task, train_labels, val_labels),
         statistics={
             "in_channels": train_store.shape[2],
-            "monotone_input_range": _column_ranges(train_mono[train_idx]) if train_mono is not None else [],
+            **monotone,
             **labels,
             "mean": mean,
             "std": std,
@@ -305,6 +319,28 @@ def _column_ranges(values: np.ndarray) -> List[Tuple[float, float]]:
     for low, high in zip(values.min(0).tolist(), values.max(0).tolist()):
         ranges.append((low, high) if high > low else (low - 0.5, high + 0.5))
     return ranges
+
+
+def _placement_target(labels: dict, train_labels: np.ndarray, ordinal: bool) -> np.ndarray:
+    """What the monotone inputs' keypoints follow: a regression's labels; the class codes of two
+    classes or of ordered ones, an order along which the target steps. Codes of unordered
+    classes are no such scale: a constant target, whose curve never changes, leaves
+    place_keypoints the data's quantiles alone (as LatticeClassifier keeps for them)."""
+    classes = labels.get("class_names")
+    if classes is None or len(classes) == 2 or ordinal:
+        return train_labels
+    return np.zeros(len(train_labels))
+
+
+def _monotone_keypoints(
+    values: np.ndarray, ranges: List[Tuple[float, float]], target: np.ndarray, seed: int
+) -> List[List[float]]:
+    """Each monotone input's calibrator keypoints (:func:`place_keypoints`): half at quantiles of
+    its training values, half where ``target`` steps along it; a constant input's the two ends
+    of its widened range."""
+    columns = [values[:, j].astype(np.float64) for j in range(values.shape[1])]
+    placed = place_keypoints(columns, target, [NUM_KEYPOINTS] * len(columns), seed)
+    return [list(ends) if points is None else points for points, ends in zip(placed, ranges)]
 
 
 def _output_range(labels: np.ndarray) -> Tuple[float, float]:

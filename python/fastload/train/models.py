@@ -42,14 +42,22 @@ class SmallCNN(nn.Module):
         return self.head(self.body(images).mean((2, 3)))
 
 
+# Keypoints of each calibrator of a regressor: its output's, and its inputs' when not given.
+NUM_KEYPOINTS = 10
+
+
 class MonotonicRegressor(nn.Module):
     """Image regressor that is non-decreasing in every extra scalar input, for every image.
 
     ``model(images, monotone_inputs)``: images (N, C, H, W) go through ``backbone`` (default: a
     small CNN; any module mapping the batch to (N, num_features) works) and are squashed into the
     lattice domain; each column of ``monotone_inputs`` (N, M) goes through an increasing calibrator
-    (over ``monotone_input_range``: one (low, high) pair for all, or one per input) into a monotone
-    lattice dimension, never into the backbone. The lattice output passes an increasing output
+    into a monotone lattice dimension, never into the backbone. A calibrator bends only at its
+    keypoints: ``monotone_input_keypoints`` (one increasing list per input, such as
+    :func:`~fastload.monotonic.keypoints.place_keypoints` gives, dense where the labels step)
+    sets them, so a step in an input is learned as a step; without it they are ``num_keypoints``
+    evenly spaced over ``monotone_input_range`` (one (low, high) pair for all, or one per input),
+    where a step becomes a ramp over a whole piece. The lattice output passes an increasing output
     calibrator, bounded by ``output_min``/``output_max`` when given: pass a range a little wider
     than the labels' so training starts with predictions in the right place. With more than
     ``lattice_rank`` lattice inputs a :class:`LatticeEnsemble` of ``num_lattices`` lattices
@@ -64,12 +72,13 @@ class MonotonicRegressor(nn.Module):
         lattice_size: int = 3,
         in_channels: int = 3,
         monotone_input_range: Union[Tuple[float, float], Sequence[Tuple[float, float]]] = (0.0, 1.0),
-        num_keypoints: int = 10,
+        num_keypoints: int = NUM_KEYPOINTS,
         lattice_rank: int = 4,
         num_lattices: Optional[int] = None,
         output_min: Optional[float] = None,
         output_max: Optional[float] = None,
         seed: int = 0,
+        monotone_input_keypoints: Optional[Sequence[Sequence[float]]] = None,
     ):
         super().__init__()
         if num_features < 1:
@@ -90,9 +99,13 @@ class MonotonicRegressor(nn.Module):
         check_lattice_size(sizes, count, "MonotonicRegressor")  # before any part is built
         self.num_features, self.num_monotone, self.lattice_size = num_features, monotone_inputs, lattice_size
         self.backbone = backbone if backbone is not None else SmallCNN(in_channels, num_features)
-        self.input_calibrators = nn.ModuleList(
-            PWLCalibrator(num_keypoints, low, high, 1, 0.0, lattice_size - 1.0) for low, high in ranges
-        )
+        if monotone_input_keypoints is None:
+            calibrators = [
+                PWLCalibrator(num_keypoints, low, high, 1, 0.0, lattice_size - 1.0) for low, high in ranges
+            ]
+        else:
+            calibrators = _placed_calibrators(monotone_input_keypoints, monotone_inputs, lattice_size)
+        self.input_calibrators = nn.ModuleList(calibrators)
         monotonicities = [0] * num_features + [1] * monotone_inputs
         if num_inputs <= lattice_rank:
             self.lattice = Lattice(sizes, monotonicities, 0.0, 1.0)
@@ -154,7 +167,8 @@ class MonotonicClassifier(nn.Module):
     :class:`~fastload.train.MonotonicRegressor`'s small CNN) is shared by the classes; each
     class's logit is a :class:`~fastload.train.MonotonicRegressor` head on its features (that
     regressor's own backbone is the identity): the features squashed into its lattice's domain,
-    its own monotone-input calibrators, lattice and increasing output calibrator, bounded to
+    its own monotone-input calibrators (over ``monotone_input_keypoints`` when given, as the
+    regressor's), lattice and increasing output calibrator, bounded to
     ``LOGIT_RANGE``. So each logit is monotone by the regressor's construction, with its
     guarantees (the lattice output as logits), and :func:`~fastload.monotonic.check_monotone`
     checks every logit at once. The class probabilities are not monotone: a softmax of logits
@@ -178,6 +192,7 @@ class MonotonicClassifier(nn.Module):
         monotone_input_range: Union[Tuple[float, float], Sequence[Tuple[float, float]]] = (0.0, 1.0),
         seed: int = 0,
         ordinal: bool = False,
+        monotone_input_keypoints: Optional[Sequence[Sequence[float]]] = None,
     ):
         super().__init__()
         if num_classes < 2:
@@ -193,6 +208,7 @@ class MonotonicClassifier(nn.Module):
                 monotone_inputs=monotone_inputs,
                 lattice_size=lattice_size,
                 monotone_input_range=monotone_input_range,
+                monotone_input_keypoints=monotone_input_keypoints,
                 output_min=low,
                 output_max=high,
                 seed=seed,
@@ -231,7 +247,9 @@ def build_model(
     config: dict, backbone: Union[str, nn.Module, None] = None
 ) -> Union[MonotonicRegressor, MonotonicClassifier]:
     """The model a run's ``config`` (as stored in its checkpoints) describes: a regressor, or a
-    classifier of ``config["class_names"]`` when its task is classification."""
+    classifier of ``config["class_names"]`` when its task is classification; its monotone-input
+    calibrators over ``config["monotone_input_keypoints"]``, or even keypoints over
+    ``config["monotone_input_range"]`` for a config without them (an older checkpoint)."""
     ranges = [tuple(r) for r in config["monotone_input_range"]]
     common = dict(
         backbone=_make_backbone(
@@ -244,12 +262,34 @@ def build_model(
         lattice_size=config["lattice_size"],
         in_channels=config["in_channels"],
         monotone_input_range=ranges if ranges else (0.0, 1.0),
+        # Absent from checkpoints written before keypoints were placed: their even keypoints.
+        monotone_input_keypoints=config.get("monotone_input_keypoints"),
         seed=config["seed"],
     )
     if config.get("task") == CLASSIFICATION:
         return MonotonicClassifier(len(config["class_names"]), ordinal=config.get("ordinal", False), **common)
     output_min, output_max = config["output_range"]
     return MonotonicRegressor(output_min=output_min, output_max=output_max, **common)
+
+
+def _placed_calibrators(
+    keypoints: Sequence[Sequence[float]], monotone_inputs: int, lattice_size: int
+) -> List[PWLCalibrator]:
+    """An increasing calibrator into the lattice domain over each input's own keypoints; an
+    error names the input whose list is wrong."""
+    if len(keypoints) != monotone_inputs:
+        raise ValueError(
+            f"monotone_input_keypoints has {len(keypoints)} keypoint list(s) for {monotone_inputs} monotone inputs"
+        )
+    calibrators = []
+    for i, points in enumerate(keypoints):
+        try:
+            calibrators.append(
+                PWLCalibrator(input_keypoints=points, output_min=0.0, output_max=lattice_size - 1.0)
+            )
+        except ValueError as exc:
+            raise ValueError(f"monotone_input_keypoints[{i}]: {exc}") from None
+    return calibrators
 
 
 def _make_backbone(backbone: Union[str, nn.Module, None], in_channels: int, num_features: int):

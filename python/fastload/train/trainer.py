@@ -78,6 +78,9 @@ class Trainer:
         self.options, self.data, self.device, self.name = config, data, config.torch_device, name
         backbone = config.backbone
         self.config = self.model_config(config, data)
+        if saved is not None and "monotone_input_keypoints" not in saved["config"]:
+            # Written before keypoints were placed: the run resumes on its even keypoints.
+            self.config.pop("monotone_input_keypoints", None)
         self.task = data.task
         saved_task = None if saved is None else saved["config"]["task"]
         if saved_task not in (None, self.task):
