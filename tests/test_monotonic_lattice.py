@@ -114,7 +114,7 @@ def _worst_decrease(module: nn.Module, sizes, columns, dtype, generator) -> floa
     scale=st.sampled_from([1.0, 1e4, 8e6, 1e30]),
     seed=st.integers(0, 2**16),
 )
-def test_later_monotone_inputs_stay_within_therounding_bound(rank, size, dtype, scale, seed):
+def test_later_monotone_inputs_stay_within_the_rounding_bound(rank, size, dtype, scale, seed):
     """All inputs monotone, vertex values huge and of both signs, so outputs cancel."""
     lattice = Lattice([size] * rank, [1] * rank).to(dtype)
     randomize(lattice, seed, scale)
@@ -126,7 +126,7 @@ def test_later_monotone_inputs_stay_within_therounding_bound(rank, size, dtype, 
 
 @PROPERTY
 @given(num_inputs=st.integers(3, 6), scale=st.sampled_from([1.0, 8e6, 1e30]), seed=st.integers(0, 2**16))
-def test_ensemble_later_monotone_inputs_stay_within_therounding_bound(num_inputs, scale, seed):
+def test_ensemble_later_monotone_inputs_stay_within_the_rounding_bound(num_inputs, scale, seed):
     ensemble = LatticeEnsemble(num_inputs, 3, num_inputs, 3, [1] * num_inputs, seed=seed)
     randomize(ensemble, seed, scale)
     generator = torch.Generator().manual_seed(seed)

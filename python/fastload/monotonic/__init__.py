@@ -10,7 +10,8 @@
 * ``estimator``: ``LatticeRegressor`` and ``LatticeClassifier``, scikit-learn style estimators
   for tables (arrays or DataFrames) with features declared by name. What they share: ``features``
   (declarations, reading and encoding the columns, the target), ``fitting`` (the table model and
-  its training loop) and ``persistence`` (save and load, and what load refuses).
+  its training loop), ``persistence`` (save and load, and what load refuses) and
+  ``sklearn_api`` (scikit-learn's bases, or the same methods without it; ``set_output``).
 * ``plot``: ``plot_calibrators``, a PNG of a fitted estimator's calibrators.
 
 The estimators and the plot load on first use, so importing the layers (as training does)
