@@ -155,6 +155,23 @@ def test_early_stopping_keeps_the_best_epoch_and_is_deterministic():
     assert first.score(X, y) > 0.8
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_many_features_that_do_not_matter_still_fit(seed):
+    """24 features, 18 of them noise: an ensemble of 12 lattices. Before its vertex parameters
+    were scaled by the lattice count, L-BFGS stopped far from the optimum (test MSE 0.0036 to
+    0.018 for these seeds); now 0.0002-0.0021 (the rest: the x3 x4 interaction when no lattice
+    holds both)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (5000, 24))
+    score = 2 * X[:, 0] + np.sqrt(X[:, 1]) - X[:, 2] ** 2 + 0.5 * X[:, 3] * X[:, 4]
+    y = score + 0.1 * rng.normal(size=5000)
+    features = {f"x{j}": "increasing" for j in range(24)}
+    features["x2"] = "decreasing"
+    model = LatticeRegressor(features=features, random_state=seed).fit(X[:3000], y[:3000])
+    assert len(model.model_.lattices[0].bank.raw) == 12
+    assert np.mean((model.predict(X[3000:]) - score[3000:]) ** 2) < 0.003
+
+
 def test_validation_fraction_counts_only_with_early_stopping():
     X, y = three_feature_table(200)
     plain = LatticeRegressor(**FAST).fit(X, y)

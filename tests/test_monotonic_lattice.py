@@ -125,13 +125,45 @@ def test_later_monotone_inputs_stay_within_the_rounding_bound(rank, size, dtype,
 
 
 @PROPERTY
-@given(num_inputs=st.integers(3, 6), scale=st.sampled_from([1.0, 8e6, 1e30]), seed=st.integers(0, 2**16))
-def test_ensemble_later_monotone_inputs_stay_within_the_rounding_bound(num_inputs, scale, seed):
-    ensemble = LatticeEnsemble(num_inputs, 3, num_inputs, 3, [1] * num_inputs, seed=seed)
+@given(
+    num_inputs=st.integers(3, 6),
+    scale=st.sampled_from([1.0, 8e6, 1e30]),
+    seed=st.integers(0, 2**16),
+    parameter_scale=st.sampled_from([1.0, 6.0]),
+)
+def test_ensemble_later_monotone_inputs_stay_within_the_rounding_bound(
+    num_inputs, scale, seed, parameter_scale
+):
+    ensemble = LatticeEnsemble(
+        num_inputs, 3, num_inputs, 3, [1] * num_inputs, seed=seed, parameter_scale=parameter_scale
+    )
     randomize(ensemble, seed, scale)
     generator = torch.Generator().manual_seed(seed)
     worst = _worst_decrease(ensemble, [3] * num_inputs, range(num_inputs), torch.float32, generator)
     assert worst <= rounding_bound(ensemble)
+
+
+@pytest.mark.parametrize("bounds", [(None, None), (0.0, 1.0)])
+def test_a_parameter_scale_keeps_the_initial_function_and_scales_the_parameters(bounds):
+    """The table estimators' ensembles scale their vertex parameters by the lattice count: the
+    same function to start from, the parameters that much smaller, so each step moves the
+    vertices that much more."""
+    torch.manual_seed(0)  # the initial noise comes from the global RNG
+    plain = LatticeEnsemble(6, 3, 4, 2, [1, -1, 0, 1, 0, 0], 7, *bounds)
+    torch.manual_seed(0)
+    scaled = LatticeEnsemble(6, 3, 4, 2, [1, -1, 0, 1, 0, 0], 7, *bounds, parameter_scale=4.0)
+    x = torch.rand(200, 6)
+    torch.testing.assert_close(scaled(x), plain(x))
+    torch.testing.assert_close(scaled.bank.raw * 4.0, plain.bank.raw)
+    # The same parameters mean four times the free values (inside the squashing when bounded).
+    with torch.no_grad():
+        scaled.bank.raw.copy_(plain.bank.raw)
+        plain.bank.raw.mul_(4.0)
+    torch.testing.assert_close(
+        scaled.bank.vertex_values(torch.float32), plain.bank.vertex_values(torch.float32)
+    )
+    with pytest.raises(ValueError, match="parameter_scale must be > 0"):
+        LatticeEnsemble(6, 3, 4, 2, [1] * 6, parameter_scale=0.0)
 
 
 def test_rounding_bound_holds_after_large_step_training():

@@ -47,6 +47,27 @@ def _tamper(path, edit):
 
 
 @pytest.mark.safety
+def test_a_file_saved_before_ensembles_scaled_their_parameters_loads_as_it_was(tmp_path):
+    """Format-1 files hold ensembles whose parameters are the vertex values themselves: they
+    load into unscaled ensembles and predict what they predicted."""
+    X, y = three_feature_table(200)
+    X = np.hstack([X, X[:, :2] ** 2])  # 5 features: an ensemble of 3 lattices
+    model = LatticeRegressor(max_iter=20).fit(X, y)
+    model.save(tmp_path / "model.pt")
+    data = torch.load(tmp_path / "model.pt", weights_only=True)
+    (raw_name,) = [name for name in data["state"] if name.endswith("bank.raw")]
+    data["state"][raw_name] = data["state"][raw_name] * 3  # what format 1 stored for this model
+    data["format"] = "fastload.monotonic.estimator/1"
+    torch.save(data, tmp_path / "format1.pt")
+    np.testing.assert_allclose(
+        LatticeRegressor.load(tmp_path / "format1.pt").predict(X), model.predict(X), rtol=1e-5
+    )
+    data["format"] = "fastload.monotonic.estimator/9"
+    torch.save(data, tmp_path / "future.pt")
+    with pytest.raises(ValueError, match="is not a file written by LatticeRegressor.save"):
+        LatticeRegressor.load(tmp_path / "future.pt")
+
+
 @pytest.mark.parametrize("fraction", [None, 0.2])
 def test_a_file_saved_before_n_jobs_and_early_stopping_loads(tmp_path, fraction):
     """Files written while the estimators took ``torch_threads`` and a ``validation_fraction``

@@ -100,6 +100,7 @@ from fastload.monotonic.persistence import (
     read_estimator_file,
     save_estimator,
     saved_params,
+    scaled_ensembles,
     stored_features,
 )
 from fastload.monotonic.sklearn_api import BaseEstimator, ClassifierMixin, OutputContainer, RegressorMixin
@@ -198,7 +199,7 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             if points is not None:
                 self.keypoints_[j] = points
 
-    def _build(self, num_outputs: int, seed: int) -> TableModel:
+    def _build(self, num_outputs: int, seed: int, scaled: bool = True) -> TableModel:
         return TableModel(
             self.features_,
             self.keypoints_,
@@ -210,6 +211,7 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             seed,
             self.kind,
             self._ordinal_classes(),
+            scaled,
         )
 
     def _ordinal_classes(self) -> Optional[int]:
@@ -366,7 +368,7 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
                 "num_lattices": estimator.num_lattices,
             }
             check_lattice_shapes(path, data["state"], sizes, len(stored), estimator._num_outputs())
-        model = estimator._build(estimator._num_outputs(), estimator.seed_)
+        model = estimator._build(estimator._num_outputs(), estimator.seed_, scaled_ensembles(data))
         load_checked_state(model, data["state"], path)  # refuses a state with other constraints
         estimator.model_ = model.eval()
         return estimator

@@ -65,7 +65,9 @@ class TableModel(nn.Module):
     ``ordinal_classes`` (and one output) a :class:`~fastload.monotonic.ordinal.CumulativeLink`
     turns the output into that many classes' cumulative log-odds. Its
     ``constraints`` buffer, one row (monotonicity, convexity, categorical, missing) per
-    feature, is checked against a loaded state, so a state cannot bring other constraints."""
+    feature, is checked against a loaded state, so a state cannot bring other constraints. An
+    ensemble's vertex parameters are scaled by its lattice count (``scaled_ensembles``; False:
+    as in model files saved before that, whose parameters mean unscaled values)."""
 
     def __init__(
         self,
@@ -79,6 +81,7 @@ class TableModel(nn.Module):
         seed: int,
         kind: str,
         ordinal_classes: Optional[int] = None,
+        scaled_ensembles: bool = True,
     ):
         if int(lattice_size) < 2:
             raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
@@ -125,8 +128,12 @@ class TableModel(nn.Module):
                 if count <= lattice_rank:
                     lattices.append(Lattice(sizes, mono))
                 else:
+                    # Vertex parameters scaled by the lattice count, for L-BFGS (LatticeEnsemble).
+                    scale = number if scaled_ensembles else 1.0
                     lattices.append(
-                        LatticeEnsemble(count, lattice_rank, number, lattice_size, mono, seed + k)
+                        LatticeEnsemble(
+                            count, lattice_rank, number, lattice_size, mono, seed + k, parameter_scale=scale
+                        )
                     )
             self.lattices = nn.ModuleList(lattices)
             # Ordered classes: the one output becomes cumulative log-odds (fastload.monotonic.ordinal).

@@ -27,10 +27,13 @@ __all__ = [
     "read_estimator_file",
     "save_estimator",
     "saved_params",
+    "scaled_ensembles",
     "stored_features",
 ]
 
-FORMAT = "fastload.monotonic.estimator/1"
+FORMAT = "fastload.monotonic.estimator/2"
+# Format 1: the same contents, saved before ensembles scaled their vertex parameters.
+UNSCALED_FORMAT = "fastload.monotonic.estimator/1"
 
 
 def plain_value(value, what: str = "the label"):
@@ -126,11 +129,17 @@ def read_estimator_file(path: Union[str, Path], estimator: str) -> Dict[str, Any
     """The contents of a file that :func:`save_estimator` wrote for an ``estimator`` (a class
     name), read with ``weights_only=True``; ValueError for another file or estimator."""
     data = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (FORMAT, UNSCALED_FORMAT):
         raise ValueError(f"{path} is not a file written by {estimator}.save")
     if data["estimator"] != estimator:
         raise ValueError(f"{path} holds a {data['estimator']}, not a {estimator}")
     return data
+
+
+def scaled_ensembles(data: Dict[str, Any]) -> bool:
+    """Whether a file's lattice ensembles scale their vertex parameters by the lattice count
+    (:class:`~fastload.monotonic.LatticeEnsemble`'s ``parameter_scale``): not in format 1."""
+    return data["format"] != UNSCALED_FORMAT
 
 
 def saved_params(data: Dict[str, Any]) -> Dict[str, Any]:
