@@ -394,7 +394,7 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
     ``n_jobs`` (torch's intra-op threads while fitting and predicting, restored after; None is
     one, -1 every core, as in scikit-learn: on a quiet 2-core machine a second thread cut the
-    fit time by a quarter to a third on an Intel CPU and not at all on an AMD one, and it slows
+    fit time by a sixth to a third on an Intel CPU and not at all on an AMD one, and it slows
     down a busy machine, benches/RESULTS.md). Fitted: ``loss_curve_`` (training loss per
     round), ``n_iter_``, ``n_features_in_``, ``feature_names_in_`` (DataFrames with string
     column names). :meth:`set_output` gives pandas or polars predictions.
