@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from fastload._checks import is_int
+from fastload.inspect import usable_cores
 from fastload.monotonic.calibrators import CategoricalCalibrator, Located, PWLCalibrator
 from fastload.monotonic.constraints import check_declared_buffer, check_monotone
 from fastload.monotonic.features import Feature
@@ -43,8 +43,7 @@ def threads_for(n_jobs: Optional[int]) -> int:
         raise ValueError(f"n_jobs must be a non-zero int or None, got {n_jobs!r}")
     if n_jobs > 0:
         return int(n_jobs)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores + 1 + int(n_jobs))
+    return max(1, usable_cores() + 1 + int(n_jobs))
 
 
 @contextlib.contextmanager
