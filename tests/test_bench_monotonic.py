@@ -3,27 +3,19 @@ row, and that its worst-decrease measure sees a decrease where there is one and 
 The full table is in benches/RESULTS.md; pytorch-lattice and scikit-learn rows appear only when
 those packages are installed."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-BENCH = Path(__file__).resolve().parent.parent / "benches" / "bench_monotonic.py"
+from script_helpers import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_monotonic", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with bench_script("bench_monotonic") as module:
+        yield module
 
 
 def test_quick_table_has_a_row_per_task_and_method(bench):

@@ -2,26 +2,18 @@
 time, test error and (for the lattice model) its worst violation, and ``--scaling`` a row per
 setting. Its figures are in benches/RESULTS.md."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from script_helpers import bench_script
 
 pytest.importorskip("sklearn")
-
-BENCH = Path(__file__).resolve().parent.parent / "benches" / "bench_monotonic_estimator.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_monotonic_estimator", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with bench_script("bench_monotonic_estimator") as module:
+        yield module
 
 
 @pytest.mark.parametrize("task", ["step", "ordinal"])
