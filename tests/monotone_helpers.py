@@ -1,7 +1,7 @@
 """Helpers shared by the tests of fastload.monotonic: random parameters at any scale, sweeps of
 one input, the inputs where a layer promises exact monotonicity and the rounding bound in the
-others, and a fixture that runs these
-tiny models on one torch thread."""
+others, the calibrator piece a step falls in, and a fixture that runs these tiny models on one
+torch thread."""
 
 from __future__ import annotations
 
@@ -77,6 +77,12 @@ def assert_monotone_up_to_rounding(estimator, X) -> None:
     bound = units * max(rounding_bound(lattice) for lattice in estimator.model_.lattices)
     for name, violation in estimator.check_monotone(X).items():
         assert violation == 0.0 if name in exact else 0.0 <= violation <= bound, (name, violation, bound)
+
+
+def step_piece(keypoints, step: float) -> float:
+    """The width of the calibrator piece holding ``step``: the ramp a step in the target becomes."""
+    points = np.asarray(keypoints)
+    return points[points > step].min() - points[points <= step].max()
 
 
 def randomize(module: nn.Module, seed: int, scale: float) -> None:

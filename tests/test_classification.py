@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from monotone_helpers import step_piece
 
 import fastload
 from fastload import cli
@@ -260,12 +261,6 @@ def test_an_ordinal_run_trains_and_rebuilds_and_a_regression_refuses_it(class_st
 STEPS, STEPPED_COUNT = (0.37, 0.7), 1500
 
 
-def _step_widths(keypoints) -> list:
-    """The width of the calibrator piece holding each of STEPS: the ramp a step becomes."""
-    points = np.asarray(keypoints)
-    return [points[points > step].min() - points[points <= step].max() for step in STEPS]
-
-
 @pytest.mark.parametrize(
     "names, ordinal, placed",
     [
@@ -284,7 +279,7 @@ def test_monotone_input_keypoints_follow_the_codes_of_two_or_ordered_classes(
     config = TrainConfig(store, monotone_inputs=tmp_path / "m.npy", ordinal=ordinal, device="cpu")
     data = open_data(config, None)
     (keypoints,) = data.statistics["monotone_input_keypoints"]
-    widths = _step_widths(keypoints)[: len(names) - 1]
+    widths = [step_piece(keypoints, step) for step in STEPS[: len(names) - 1]]
     if placed:
         assert max(widths) < 0.04, keypoints
     else:

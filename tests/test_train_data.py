@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import test_train
 import torch
+from monotone_helpers import step_piece
 from test_train import COUNT, FAST, SIDE, images_and_labels, parameter_copies
 
 from fastload import cli
@@ -180,12 +181,6 @@ def step_store(tmp_path_factory):
     return folder / "step.fastload", folder / "m.npy"
 
 
-def step_piece(keypoints, step=STEP_AT) -> float:
-    """The width of the calibrator's piece holding ``step``: the ramp a step becomes."""
-    points = np.asarray(keypoints)
-    return points[points > step].min() - points[points <= step].max()
-
-
 def even_keypoints(columns, target, counts, seed):
     """What the image models had before keypoints were placed: even ones over each range."""
     return [np.linspace(c.min(), c.max(), n).tolist() for c, n in zip(columns, counts)]
@@ -199,9 +194,9 @@ def test_keypoints_bracket_a_step_in_the_labels_and_the_checkpoint_rebuilds_them
     store, inputs = step_store
     result = fit(store, monotone_inputs=inputs, epochs=1, checkpoint=tmp_path / "run.ckpt", **STEP)
     (placed,) = result.config["monotone_input_keypoints"]
-    assert len(placed) == NUM_KEYPOINTS and step_piece(placed) < 0.04
+    assert len(placed) == NUM_KEYPOINTS and step_piece(placed, STEP_AT) < 0.04
     ((low, high),) = result.config["monotone_input_range"]
-    assert step_piece(np.linspace(low, high, NUM_KEYPOINTS)) > 0.1  # even keypoints: a ninth
+    assert step_piece(np.linspace(low, high, NUM_KEYPOINTS), STEP_AT) > 0.1  # even keypoints: a ninth
     saved = load_checkpoint(tmp_path / "run.ckpt")["config"]
     assert saved["monotone_input_keypoints"] == [placed]
     assert input_keypoints(build_model(saved)) == input_keypoints(result.model) == [placed]
@@ -228,5 +223,5 @@ def test_placed_keypoints_learn_a_step_better_than_even_ones(step_store, monkeyp
     placed = fit(store, monotone_inputs=inputs, epochs=6, **STEP)
     monkeypatch.setattr(train_data, "place_keypoints", even_keypoints)
     even = fit(store, monotone_inputs=inputs, epochs=6, **STEP)
-    assert step_piece(even.config["monotone_input_keypoints"][0]) > 0.1
+    assert step_piece(even.config["monotone_input_keypoints"][0], STEP_AT) > 0.1
     assert placed.history[-1]["val_rmse"] < 0.8 * even.history[-1]["val_rmse"]
