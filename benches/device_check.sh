@@ -18,7 +18,8 @@
 # Steps, with their own limits (seconds) and what they cost on an H200 (estimated: none has
 # run there yet):
 #   setup          20  fastload importable, CUDA present (exits 1 without it), machine.json
-#   cuda_tests    150  the tests whose outcome depends on CUDA, -v, failures by name
+#   cuda_tests    150  the tests whose outcome depends on CUDA (benches/cuda_tests.txt), -v,
+#                      failures by name
 #   fit_many_cuda 120  #25's crashed command: bench_fit_many.py --counts 4 --records 4096
 #                      --side 96 --epochs 2 --batch-size 256, all four modes (10 processes)
 #   bench         180  fastload bench --only memcpy,gather,dataset,h2d,to_device --size-gb 2:
@@ -32,7 +33,8 @@
 #   augment        90  benches/bench_augment.py on the device
 #   suite        rest  the whole suite (-m "not slow", -n 8 with pytest-xdist), -v: on the
 #                      default budget little is left for it; run it alone as well:
-#                      STEPS=suite benches/device_check.sh OUTDIR2
+#                      STEPS=suite benches/device_check.sh OUTDIR2. The dry run (DEVICE=cpu)
+#                      runs the data path's test files only
 # Default budget: the steps above but the suite take about 8 minutes on an H200 (estimated).
 #
 # OUTDIR (default ./device_check) gets, as each step ends: NN-STEP.log (its output), the
@@ -211,21 +213,21 @@ pytest_step() {
 }
 
 suite_step() {
-    local parallel=()
+    local parallel=() files=()
     "$PYTHON" -c "import xdist" 2>/dev/null && parallel=(-n 8)
-    pytest_step suite -m "not slow" "${parallel[@]}"
+    # The dry run: the files of the data path only (store, dataset, device, resident), about a
+    # minute on 2 cores; CI runs the whole suite on its own just before.
+    [[ "$DEVICE" == cpu ]] && files=(tests/test_store.py tests/test_dataset.py tests/test_device.py tests/test_resident.py)
+    pytest_step suite -m "not slow" "${parallel[@]}" "${files[@]}"
 }
 
 export -f setup small_store to_device_check train_bf16 pytest_step suite_step
 say "$PYTHON, DEVICE=$DEVICE, budget $BUDGET s, steps $STEPS -> $OUTDIR"
 run_step setup 20 setup
-# The tests marked "needs CUDA" (bf16 training, augmentation on CUDA against the CPU), the
-# trainer's CUDA layout, the bench (h2d and to_device run with CUDA), and the pinned-memory and
-# to_device tests of the dataset (-k applies to every file: "bench" selects all of test_bench).
-run_step cuda_tests 150 pytest_step cuda_tests \
-    tests/test_train.py::test_cuda_with_bf16_reports_gpu_memory tests/test_augment.py::test_cuda_matches_cpu \
-    tests/test_train.py::test_the_cuda_layout_reorders_the_convolutions_only tests/test_bench.py \
-    tests/test_dataset.py tests/test_buffers.py tests/test_device.py -k "cuda or pin or to_device or bench or json or noisy or stage or quick"
+# The tests whose outcome depends on CUDA: benches/cuda_tests.txt lists them (a CI test checks
+# that pytest collects every one).
+mapfile -t CUDA_TESTS < <(grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' benches/cuda_tests.txt)
+run_step cuda_tests 150 pytest_step cuda_tests "${CUDA_TESTS[@]}"
 run_step fit_many_cuda 120 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE" --repeats 1 \
     "${FIT_MANY_SIZE[@]}" --child-timeout 100 --json "$OUTDIR/fit_many_cuda.json"
 run_step bench 180 "$PYTHON" -m fastload bench --only memcpy,gather,dataset,h2d,to_device "${BENCH_SIZE[@]}" \

@@ -11,12 +11,14 @@ import sys
 
 import torch
 import torch.distributed as dist
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
+from peer_deadlines import PEER_TIMEOUT, dump_stacks_if_stalled, loader_timeout
 from torch.utils.data import DataLoader
 
 from fastload import FastLoadDataset, to_device
 
 BATCH, RESUME_AFTER = 4, 2
+DEADLINE = [InitProcessGroupKwargs(timeout=PEER_TIMEOUT)]  # every Accelerator's process group
 
 
 def records(batch):
@@ -30,7 +32,9 @@ def prepared(accelerator, store, num_workers=0, seed=1):
     model = torch.nn.Linear(4, 1).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, loader = accelerator.prepare(
-        model, optimizer, DataLoader(ds, batch_size=None, num_workers=num_workers)
+        model,
+        optimizer,
+        DataLoader(ds, batch_size=None, num_workers=num_workers, timeout=loader_timeout(num_workers)),
     )
     return model, optimizer, loader, ds
 
@@ -105,7 +109,7 @@ def accelerate_checkpoint(store, folder):
     dataset: a run resumes exactly when rank 0's state was written last, and refuses rank 1's
     state. A copy of the checkpoint holds rank 1's state, as when rank 1 writes last."""
     config = DataLoaderConfiguration(use_stateful_dataloader=True)
-    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    accelerator = Accelerator(cpu=True, dataloader_config=config, kwargs_handlers=DEADLINE)
     model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
     before = []
     for epoch in range(2):
@@ -126,7 +130,9 @@ def accelerate_checkpoint(store, folder):
     accelerator.wait_for_everyone()
     report = {"before": before, "saved": repr(loader.state_dict())}
     for name, checkpoint in (("as saved", folder), ("rank 1's state", f"{folder}.rank1")):
-        accelerator = Accelerator(cpu=True, dataloader_config=config)  # as a restarted job makes it
+        accelerator = Accelerator(
+            cpu=True, dataloader_config=config, kwargs_handlers=DEADLINE
+        )  # as a restarted job makes it
         model, optimizer, loader, _ = prepared(accelerator, store, seed=7)
         accelerator.load_state(checkpoint)
         loader.set_epoch(1)
@@ -144,7 +150,7 @@ def accelerate_checkpoint(store, folder):
 def refused(config, store):
     """The error a configuration that cannot work raises: in prepare(), else at its first batch
     and at len() (None where none is raised)."""
-    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    accelerator = Accelerator(cpu=True, dataloader_config=config, kwargs_handlers=DEADLINE)
     try:
         _, _, loader, _ = prepared(accelerator, store)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
@@ -160,7 +166,7 @@ def refused(config, store):
 
 
 def main(store, out_prefix):
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, kwargs_handlers=DEADLINE)
     report = {"rank": accelerator.process_index, "world_size": accelerator.num_processes}
     report["default"] = epochs(accelerator, store, 3)
     report["workers=2"] = epochs(accelerator, store, 1, num_workers=2)
@@ -176,4 +182,5 @@ def main(store, out_prefix):
 
 
 if __name__ == "__main__":
+    dump_stacks_if_stalled()
     main(sys.argv[1], sys.argv[2])

@@ -8,17 +8,24 @@ import sys
 
 import torch
 import torch.distributed as dist
+from peer_deadlines import PEER_TIMEOUT, dump_stacks_if_stalled, loader_timeout
 from torch.utils.data import DataLoader
 
 from fastload import FastLoadDataset, to_device
 
 
 def seen(ds, num_workers):
-    return [batch[2].tolist() for batch in DataLoader(ds, batch_size=None, num_workers=num_workers)]
+    return [
+        batch[2].tolist()
+        for batch in DataLoader(
+            ds, batch_size=None, num_workers=num_workers, timeout=loader_timeout(num_workers)
+        )
+    ]
 
 
 def main(store_path, out_prefix):
-    dist.init_process_group("gloo")
+    dump_stacks_if_stalled()
+    dist.init_process_group("gloo", timeout=PEER_TIMEOUT)
     rank = dist.get_rank()
     report = {"rank": rank, "world_size": dist.get_world_size()}
     for drop_last in (False, True):

@@ -14,6 +14,7 @@ import warnings
 
 import lightning as L
 import torch
+from peer_deadlines import PEER_TIMEOUT, dump_stacks_if_stalled, loader_timeout
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from fastload import FastLoadDataset, to_device
@@ -33,7 +34,12 @@ class Records(L.LightningDataModule):
             self.train = FastLoadDataset(self.store, BATCH, seed=3)  # each rank's process group is up by now
 
     def train_dataloader(self):
-        return StatefulDataLoader(self.train, batch_size=None, num_workers=self.num_workers)
+        return StatefulDataLoader(
+            self.train,
+            batch_size=None,
+            num_workers=self.num_workers,
+            timeout=loader_timeout(self.num_workers),
+        )
 
 
 class Logged(L.LightningModule):
@@ -67,7 +73,7 @@ def trainer(folder: str, callbacks=()):
     return L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=L.pytorch.strategies.DDPStrategy(timeout=PEER_TIMEOUT),
         max_epochs=EPOCHS,
         logger=False,
         enable_progress_bar=False,
@@ -79,6 +85,7 @@ def trainer(folder: str, callbacks=()):
 
 
 def main(store: str, out: str, mode: str, workers: str, checkpoint: str = "") -> None:
+    dump_stacks_if_stalled()
     # The length a FastLoadDataset reports is exact with workers too (README, "With PyTorch Lightning").
     warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
     folder, data = out + ".lightning", Records(store, int(workers), early=mode == "early")

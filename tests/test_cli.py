@@ -260,7 +260,10 @@ DIVERGING = {"train-runs-one-diverges", "train-runs-all-diverge"}
 #: process it would write to a stream capsys has closed), whose every number is masked and whose
 #: files are not listed: the demo's report is all timings and measured figures, and it writes
 #: hundreds of images.
-SLOW_CASES = [("demo", "demo --images 100 --size 16 --epochs 1 --device cpu --dir {tmp}/demo")]
+# The textures: the same run whether or not scikit-image (fastload[bench]) is installed (#42).
+SLOW_CASES = [
+    ("demo", "demo --images 100 --size 16 --epochs 1 --device cpu --images-from textures --dir {tmp}/demo")
+]
 
 
 def run(argv: list, capsys, subprocess_: bool = False) -> tuple:

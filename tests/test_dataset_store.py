@@ -3,6 +3,9 @@
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +153,25 @@ def test_anonymous_memory_does_not_grow_with_the_store(tmp_path):
     for _ in ds:
         pass
     assert _rss_anon() - before < 0.2 * os.path.getsize(path)
+
+
+def test_workers_forked_while_fastload_threads_work_never_hang(tmp_path):
+    """#42: a DataLoader worker forked while another thread of the process was inside a gather
+    could start with the Rust pool's lock held by a thread it does not have, and wait forever.
+    200 workers forked (100 epochs, 2 workers) while a thread gathers without pause and a
+    prefetcher runs in the main process: every epoch whole, none past its deadline."""
+    path = tmp_path / "s.bin"
+    with StoreWriter(path, (16, 16, 3), label_dtype="int64") as writer:
+        writer.extend(
+            np.random.default_rng(0).integers(0, 256, (256, 16, 16, 3), dtype=np.uint8), np.arange(256)
+        )
+    epochs = 100
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("fork_worker.py")), str(path), str(epochs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "FASTLOAD_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-5000:]
+    assert done.stdout.splitlines() == [f"{e} 16" for e in range(epochs)]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
-from fastload import cli, demo
+import pytest
+
+from fastload import MissingDependencyError, cli, demo
 
 
 def test_quick_demo_learns_and_keeps_its_guarantee(tmp_path, monkeypatch):
@@ -32,8 +35,8 @@ def test_quick_demo_learns_and_keeps_its_guarantee(tmp_path, monkeypatch):
 
 def test_cli_exits_1_and_says_why_when_the_model_misses_and_keeps_dir(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(demo, "PASS_RMSE_RATIO", 0.0)  # no model can reach it
-    monkeypatch.setattr(demo, "_sample_photos", lambda: None)  # as without scikit-image: BMP textures
     argv = ["demo", "--dir", os.fspath(tmp_path), "--images", "120", "--size", "24", "--epochs", "1"]
+    argv += ["--images-from", "textures"]  # BMP textures, whether or not scikit-image is installed
     assert cli.main([*argv, "--quick", "--device", "cpu", "--json"]) == 1
     captured = capsys.readouterr()
     report = json.loads(captured.out)
@@ -42,3 +45,13 @@ def test_cli_exits_1_and_says_why_when_the_model_misses_and_keeps_dir(tmp_path, 
     # --dir keeps the work: images, labels and the packed store.
     assert (tmp_path / "demo.fastload").is_file() and (tmp_path / "labels.csv").is_file()
     assert len(list((tmp_path / "images").glob("*.bmp"))) == 120
+
+
+def test_photos_without_scikit_image_are_refused_naming_the_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "skimage", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "skimage.data", None)
+    with pytest.raises(MissingDependencyError, match="pip install scikit-image"):
+        demo.run(workdir=os.fspath(tmp_path / "d"), images=100, size=16, epochs=1, images_from="photos")
+    with pytest.raises(ValueError, match="images_from must be one of auto, photos, textures, not 'film'"):
+        demo.run(workdir=os.fspath(tmp_path / "d"), images_from="film")
+    assert not (tmp_path / "d").exists()  # refused before any file was written

@@ -664,3 +664,29 @@ def test_a_pinned_batch_is_copied_without_blocking_and_a_pageable_one_is_not(mon
     copies.clear()
     list(DeviceLoader([(images, labels)], "cpu"))
     assert copies[:2] == [(torch.uint8, True), (torch.int64, True)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_on_cuda_held_batches_survive_a_slow_gpu(store_path, depth):
+    """The events on a real GPU: every batch of two epochs is held while the GPU lags far
+    behind the host (each step queues a long sleep kernel), so a pinned buffer refilled before
+    its copy ran, or a device buffer reused while a held batch still reads it, shows as a batch
+    that differs from the CPU's. The stage timings count every batch, none negative."""
+    store = Store(store_path)
+    ds = FastLoadDataset(store, 8, seed=5, return_indices=True)
+    loader = DeviceLoader(ds, "cuda", depth=depth, timing=True, mean=MEAN, std=STD)
+    for epoch in range(2):
+        held = []
+        for x, labels, indices in loader:
+            torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time: the host runs ahead of the GPU
+            held.append((x, labels, indices))
+        torch.cuda.synchronize()
+        assert len(held) == len(ds)
+        for x, labels, indices in held:
+            expected, expected_labels = expected_batch(store, indices.cpu(), epoch, mean=MEAN, std=STD)
+            assert torch.equal(x.cpu(), expected)
+            assert torch.equal(labels.cpu(), expected_labels)
+        summary = loader.timings()
+        assert summary["batches"] == len(ds)
+        assert all(summary[stage]["median"] >= 0 for stage in ("copy_ms", "gpu_wait_ms", "convert_ms"))

@@ -266,3 +266,39 @@ def test_an_error_other_than_out_of_memory_during_the_upload_is_not_called_one(s
 def test_a_device_store_says_what_it_holds_and_where(store_path):
     resident = DeviceStore(store_path, "cpu", indices=range(10), reserve_bytes=0, progress=False)
     assert repr(resident) == f"DeviceStore({str(store_path)!r}, 10 records on cpu, 0.000 GB)"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("side_stream", [False, True], ids=["default stream", "side stream"])
+@pytest.mark.parametrize(
+    "options",
+    [{"mean": 0.5, "std": 0.25}, {"dtype": torch.bfloat16, "augment": AUGMENT}],
+    ids=["plain", "augmented"],
+)
+def test_on_cuda_a_held_batch_is_never_written_over(store_path, options, side_stream):
+    """ResidentLoader's guarantee on a real GPU: every batch of two epochs is held while the
+    GPU lags behind the host (a long sleep kernel queued after each batch), on the default
+    stream or a stream of the caller's; each must still be the batch the CPU copy makes, bit
+    for bit, so neither of the two reused gather buffers was written while a conversion read it."""
+    on_cpu = DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
+    on_gpu = DeviceStore(store_path, "cuda", reserve_bytes=0, progress=False)
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    for epoch in range(2):
+        dataset = FastLoadDataset(store_path, 8, seed=2, return_indices=True)
+        dataset.set_epoch(epoch)
+        held = []
+        with torch.cuda.stream(stream):
+            for batch in on_gpu.loader(dataset, **options):
+                torch.cuda._sleep(2_000_000)
+                held.append(batch)
+        torch.cuda.synchronize()
+        reference = FastLoadDataset(store_path, 8, seed=2, return_indices=True)
+        reference.set_epoch(epoch)
+        expected = list(on_cpu.loader(reference, **options))
+        assert len(held) == len(expected) == len(dataset)
+        for got, want in zip(held, expected):
+            for a, b in zip(got, want):
+                if "augment" in options and a.is_floating_point():  # the GPU's sampling rounds differently
+                    torch.testing.assert_close(a.cpu().float(), b.float(), atol=1e-2, rtol=0)
+                else:
+                    assert torch.equal(a.cpu(), b), "a held batch changed after it was handed out"

@@ -27,6 +27,9 @@ from typing import Iterable, List, Optional, TextIO, Tuple
 import numpy as np
 import torch
 
+from fastload._checks import import_optional
+from fastload.options import DEMO_SOURCES
+
 SETTINGS = {
     # images, record side, epochs: a default run takes 13-18 s on 2 cores, --quick less.
     "default": {"images": 2400, "size": 64, "epochs": 12},
@@ -49,8 +52,14 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "h
 FILE_PREFIX = "demo_"
 
 
-def _sample_photos() -> Optional[List[np.ndarray]]:
-    """scikit-image's bundled sample photographs, or None when it (or Pillow) is missing."""
+def _sample_photos(source: str = "auto") -> Optional[List[np.ndarray]]:
+    """scikit-image's bundled sample photographs; None for textures, or for "auto" when it (or
+    Pillow) is missing; "photos" without them is refused, naming the install command."""
+    if source == "textures":
+        return None
+    if source == "photos":
+        import_optional("PIL.Image", "fastload demo --images-from photos", "pip install pillow")
+        import_optional("skimage.data", "fastload demo --images-from photos", "pip install scikit-image")
     try:
         import PIL.Image  # noqa: F401  (needed to crop, resize and encode)
         import skimage.data
@@ -104,14 +113,16 @@ def _write_bmp(path: Path, rgb: np.ndarray) -> None:
     path.write_bytes(header + info + pixels.tobytes())
 
 
-def make_photos(folder: Path, count: int, seed: int = 0) -> Tuple[List[str], np.ndarray, np.ndarray, str]:
-    """Writes ``count`` images into ``folder``; returns (file names, labels, exposures, source).
+def make_photos(
+    folder: Path, count: int, seed: int = 0, photos: Optional[List[np.ndarray]] = None
+) -> Tuple[List[str], np.ndarray, np.ndarray, str]:
+    """Writes ``count`` images into ``folder``, crops of ``photos`` (textures when None);
+    returns (file names, labels, exposures, what the images are).
 
     Each image is a photo crop (or texture) times a random gain, so brightness varies widely;
     the label is computed from the pixels actually written (after JPEG rounding it moves by
     far less than the noise)."""
     rng = np.random.default_rng(seed)
-    photos = _sample_photos()
     folder.mkdir(parents=True, exist_ok=True)
     names, brightness = [], np.empty(count)
     for i in range(count):
@@ -182,11 +193,14 @@ def run(
     quick: bool = False,
     seed: int = 0,
     out: Optional[TextIO] = None,
+    images_from: str = "auto",
 ) -> dict:
     """Runs the demo and returns its report; ``report["passed"]`` says whether the model beat
     the baseline clearly and kept its monotonicity guarantee. Works in a temporary directory
     removed at the end, or in ``workdir`` (kept). Prints to ``out`` (default: sys.stdout as it
-    is when called)."""
+    is when called). ``images_from`` (one of DEMO_SOURCES) picks the images: the sample photos
+    of scikit-image when it is installed ("auto"), or always the procedural textures, whose
+    run is the same whatever is installed."""
     from fastload.files import replace_atomically
     from fastload.monotonic import check_monotone
     from fastload.pack import pack
@@ -206,7 +220,10 @@ def run(
     problem = option_problem("seed", seed)  # before any file is written, not when training starts
     if problem:
         raise ValueError(f"seed {problem}")
+    if images_from not in DEMO_SOURCES:
+        raise ValueError(f"images_from must be one of {', '.join(DEMO_SOURCES)}, not {images_from!r}")
     resolved = resolve_device(device)
+    photos = _sample_photos(images_from)  # refused before any file is written
 
     def say(line: str) -> None:
         if not quiet:
@@ -222,7 +239,7 @@ def run(
         say(
             f"fastload demo in {root}: {images:,} images, {size}x{size} records, {epochs} epochs on {resolved}"
         )
-        names, labels, exposure, source = make_photos(folder, images, seed)
+        names, labels, exposure, source = make_photos(folder, images, seed, photos)
         labels_csv = root / "labels.csv"
         rows = io.StringIO()
         csv.writer(rows).writerows(zip(names, labels.tolist()))

@@ -4,7 +4,7 @@ refuse (or the reverse). Needs neither torch nor the extension, so `fastload --h
 
 #: `pack(resize=...)`: stretch, scale the short side and cut the centre, or letterbox.
 RESIZE_MODES = ("squash", "crop", "pad")
-#: Largest labels CSV `pack` reads (its rows are held in memory); every name must fit the
+#: Largest labels CSV `pack` reads (its text is held in memory); every name must fit the
 #: store's 64 MiB metadata anyway.
 MAX_LABELS_CSV_BYTES = 128 << 20
 #: Largest `--runs-file` (`train.read_runs_file`): a list of runs' options, a few bytes each.
@@ -17,3 +17,6 @@ SCHEDULES = ("cosine", "constant")
 TASKS = ("regression", "classification")
 #: `fit(backbone=...)` by name (a torch module is accepted too).
 BACKBONES = ("small-cnn", "resnet18")
+#: `demo.run(images_from=...)`: scikit-image's sample photos when it is installed (auto), those
+#: photos (refused without scikit-image), or procedural textures (the same run whatever is installed).
+DEMO_SOURCES = ("auto", "photos", "textures")

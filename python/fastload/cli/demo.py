@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from fastload.options import DEMO_SOURCES
+
 
 def add_parser(commands) -> None:
     p = commands.add_parser(
@@ -28,6 +30,13 @@ def add_parser(commands) -> None:
         help="seed of the generated photos and their exposures, and of the model and the validation split "
         "(default 0)",
     )
+    p.add_argument(
+        "--images-from",
+        choices=DEMO_SOURCES,
+        default="auto",
+        help="scikit-image's sample photos (auto: when installed) or procedural textures, the same "
+        "run whatever is installed (default auto)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of text")
     p.set_defaults(run=run)
 
@@ -44,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         quick=args.quick,
         seed=args.seed,
         quiet=args.json,
+        images_from=args.images_from,
     )
     if args.json:
         print(json.dumps(report))

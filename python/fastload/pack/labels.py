@@ -10,7 +10,7 @@ import math
 import os
 import posixpath
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from fastload.files import read_regular_file
 from fastload.options import MAX_LABELS_CSV_BYTES
@@ -99,56 +99,47 @@ def read_label_csv(
     the rest."""
     try:
         text = read_regular_file(csv_path, MAX_LABELS_CSV_BYTES, "labels CSV").decode("utf-8-sig")
-        reader = csv.reader(io.StringIO(text, newline=""))
-        rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
+        shape = _CsvShape(_csv_rows(text))  # the first pass parses every row: CSV errors surface here
     except UnicodeDecodeError as exc:
         raise ValueError(f"{csv_path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except csv.Error as exc:
         raise ValueError(f"{csv_path}: not a CSV file: {exc}") from None
-    if rows and len(rows[0][1]) == 2:
-        path, label = rows[0][1]
-        names_below = {r[1].strip() for _, r in rows[1:] if len(r) == 2}  # a class name is data
-        if (
-            not _is_number(label)
-            and _name_in_csv(path, src) not in files
-            and label.strip() not in names_below
-        ):
-            rows = rows[1:]  # a header row
-    named = [len(r) == 2 and bool(r[1].strip()) and not _is_number(r[1]) for _, r in rows]
+    header = shape.first is not None and shape.first_is_header(_name_in_csv(shape.first[0], src) in files)
+    rows = shape.below if header else shape.all
     class_names = None
-    if rows and all(named) and label_dtype != "float64":
-        class_names = sorted({r[1].strip() for _, r in rows})
+    if rows.count and rows.named == rows.count and label_dtype != "float64":
+        class_names = sorted(rows.words)
         shared = shared_class_names(class_names)
         if shared:
             raise ValueError(f"{csv_path}: class names that read as one name: {'; '.join(shared)}")
         label_dtype = "int64"
     elif label_dtype is None:
-        label_dtype = "int64" if all(len(r) == 2 and _is_integer_text(r[1]) for _, r in rows) else "float64"
+        label_dtype = "int64" if rows.integers == rows.count else "float64"
     index = {name: i for i, name in enumerate(class_names or [])}
     labels: Dict[str, Union[int, float]] = {}
-    first_line: Dict[str, int] = {}
     problems: List[Tuple[int, str]] = []
     missing: List[Tuple[int, str]] = []
-    for line, row in rows:
+    repeated: List[Tuple[int, str]] = []
+    for line, row in _csv_rows(text, skip_first=header):
         if len(row) != 2:
             problems.append((line, f"line {line}: expected 2 columns (path,label), found {len(row)}"))
             continue
         name = _name_in_csv(row[0], src)
-        shown = printable(name)
         if name not in files:
             missing.append((line, name))
             continue
         try:
             value = index[row[1].strip()] if class_names else parse_label(row[1], label_dtype)
         except ValueError as exc:
-            problems.append((line, f"line {line}: {shown}: {exc}"))
+            problems.append((line, f"line {line}: {printable(name)}: {exc}"))
             continue
-        if name in first_line:
-            problems.append((line, f"line {line}: {shown} already has a label on line {first_line[name]}"))
+        if name in labels:
+            repeated.append((line, name))
         else:
-            first_line[name] = line
             labels[name] = value
-    if missing and len(missing) == sum(len(r) == 2 for _, r in rows):
+    if repeated:
+        problems += _repeated_rows(text, header, src, repeated)
+    if missing and len(missing) == rows.two_columns:
         # No row names a file: leaving the rows out (skip_missing) would leave nothing to pack.
         raise ValueError(_no_row_names_a_file(csv_path, src, files, [name for _, name in missing]))
     advice = ""
@@ -157,12 +148,86 @@ def read_label_csv(
             (line, f"line {line}: {printable(name)} does not exist in {src}") for line, name in missing
         ]
         advice = f" ({len(missing)} name no file: skip_missing=True / --skip-missing leaves those rows out)"
-    if any(named) and not all(named):
+    if 0 < rows.named < rows.count:
         advice += "; labels are numbers, or all of them class names (made classes in sorted order)"
     if problems:
         lines = [text for _, text in sorted(problems)]
         raise ValueError(f"{csv_path}: {len(problems)} bad row(s){advice}:{listed(lines)}")
     return labels, label_dtype, [name for _, name in missing], class_names
+
+
+def _csv_rows(text: str, skip_first: bool = False) -> Iterator[Tuple[int, List[str]]]:
+    """The CSV's rows that hold something, each with the line it starts on, parsed afresh on
+    every call: a pack of a million files keeps the CSV's text, not a list of its rows (about
+    300 bytes a row as Python objects)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    rows = ((reader.line_num, row) for row in reader if any(cell.strip() for cell in row))
+    if skip_first:
+        next(rows, None)
+    return rows
+
+
+class _RowCounts:
+    """What the label column of some rows holds, counted: rows, rows of two columns, labels
+    that are integers, labels that are names (not numbers, not empty), and the distinct labels
+    that are not numbers."""
+
+    def __init__(self) -> None:
+        self.count = self.two_columns = self.integers = self.named = 0
+        self.words: set = set()
+
+    def add(self, row: List[str]) -> None:
+        self.count += 1
+        if len(row) != 2:
+            return
+        self.two_columns += 1
+        label = row[1]
+        if _is_integer_text(label):
+            self.integers += 1
+        if not _is_number(label):
+            self.words.add(label.strip())  # an empty one too: a header's label is checked against it
+            self.named += bool(label.strip())
+
+
+class _CsvShape:
+    """One pass over the rows: their counts with and without the first row, and the first
+    row itself, which decide whether that row is a header and what the labels are."""
+
+    def __init__(self, rows: Iterator[Tuple[int, List[str]]]) -> None:
+        self.first: Optional[List[str]] = None
+        self.all, self.below = _RowCounts(), _RowCounts()
+        for _, row in rows:
+            if self.first is None:
+                self.first = row
+            else:
+                self.below.add(row)
+            self.all.add(row)
+
+    def first_is_header(self, names_a_file: bool) -> bool:
+        """The first row is a header only when its label is not a number, nor a class name
+        of another row, and its path names no file."""
+        if self.first is None or len(self.first) != 2:
+            return False
+        label = self.first[1]
+        return not _is_number(label) and not names_a_file and label.strip() not in self.below.words
+
+
+def _repeated_rows(
+    text: str, header: bool, src: Path, repeated: List[Tuple[int, str]]
+) -> List[Tuple[int, str]]:
+    """The problem of each row whose file already has a label, naming the line of the first
+    label: found by one more pass, only when a file is labelled twice."""
+    names = {name for _, name in repeated}
+    first_line: Dict[str, int] = {}
+    for line, row in _csv_rows(text, skip_first=header):
+        if len(row) == 2:
+            name = _name_in_csv(row[0], src)
+            if name in names:
+                first_line.setdefault(name, line)
+    return [
+        (line, f"line {line}: {printable(name)} already has a label on line {first_line[name]}")
+        for line, name in repeated
+    ]
 
 
 def _extra_prefix(names: Sequence[str], files: set) -> Optional[str]:
