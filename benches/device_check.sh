@@ -7,8 +7,9 @@
 #
 # Environment:
 #   PYTHON       the interpreter (default python3; a stock GPU machine may have no `python`)
-#   BUDGET       seconds for the whole run (default 540: a device command may run 600 s); each
-#                step gets min(its own limit, what is left), a step with under 20 s left is
+#   BUDGET       seconds for the whole run (default 540: a device command may run 600 s; 900
+#                for the dry run); each step gets min(its own limit (twice it in the dry
+#                run), what is left), a step with under 20 s left is
 #                skipped (named in the summary), and the suite gets whatever remains
 #   STEPS        comma-separated steps to run (default: all, in the order below)
 #   FILL_GPU_GB  GB of 384x384x3 records in the fill_gpu store (default 8 on CUDA, 0.02 on the CPU)
@@ -47,7 +48,6 @@ set -uo pipefail
 
 PYTHON="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
-BUDGET="${BUDGET:-540}"
 STEPS="${STEPS:-setup,cuda_tests,fit_many_cuda,bench,to_device,train_bf16,fill_gpu,fill_gpu_bf16,augment,suite}"
 if [[ "$DEVICE" == cuda ]]; then
     FIT_MANY_SIZE=(--counts 4 --records 4096 --side 96 --epochs 2 --batch-size 256) # #25's command
@@ -55,12 +55,19 @@ if [[ "$DEVICE" == cuda ]]; then
     FILL_GPU_GB="${FILL_GPU_GB:-8}"
     FILL_COUNTS=1,2,4,8
     TRAIN_SIZE="--epochs 3 --max-steps 40" # a string: the train_bf16 function gets it exported
-else # the dry run: the same steps at sizes two busy cores run in about 7 minutes
-    FIT_MANY_SIZE=(--counts 2 --records 256 --side 16 --epochs 1 --batch-size 64)
+    SMALL_RECORDS=4096
+    LIMIT_SCALE=1
+    BUDGET="${BUDGET:-540}"
+else # the dry run: the same steps, smaller, with twice each step's limit (every child process
+    # imports torch, seconds each on 2 cores): about 6 minutes on an idle 2-core machine
+    FIT_MANY_SIZE=(--counts 1 --records 128 --side 16 --epochs 1 --batch-size 64)
     BENCH_SIZE=(--quick)
     FILL_GPU_GB="${FILL_GPU_GB:-0.02}"
     FILL_COUNTS=1,2
-    TRAIN_SIZE="--epochs 1"
+    TRAIN_SIZE="--epochs 1 --max-steps 8"
+    SMALL_RECORDS=1024
+    LIMIT_SCALE=2
+    BUDGET="${BUDGET:-900}"
 fi
 OUTDIR="$(realpath -m "${1:-device_check}")"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -88,7 +95,7 @@ run_step() {
     local log
     log="$OUTDIR/$(printf '%02d' "$STEP_NUMBER")-$name.log"
     left=$((BUDGET - SECONDS - 5)) # 5 s for the summary
-    if [[ "$limit" == rest ]]; then limit=$left; fi
+    if [[ "$limit" == rest ]]; then limit=$left; else limit=$((limit * LIMIT_SCALE)); fi
     ((limit > left)) && limit=$left
     if ((limit < 20)); then
         say "$name: skipped, ${left} s of the ${BUDGET} s budget left"
@@ -126,7 +133,7 @@ summarize() { # its exit status says whether there are problems; a traceback, th
 if [[ -z "${FASTLOAD_WHEEL:-}" ]] && PYTHONPATH="$ROOT/python" "$PYTHON" -c "import fastload._core" 2>/dev/null; then
     export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHON DEVICE OUTDIR WORK ROOT TRAIN_SIZE
+export PYTHON DEVICE OUTDIR WORK ROOT TRAIN_SIZE SMALL_RECORDS
 
 setup() {
     if [[ -n "${FASTLOAD_WHEEL:-}" ]]; then
@@ -156,14 +163,14 @@ EOF
 }
 
 small_store() {
-    # 4096 records of 64x64x3, labels their brightness: for to_device and train_bf16.
+    # SMALL_RECORDS records of 64x64x3, labels their brightness: for to_device and train_bf16.
     [[ -f "$WORK/train.fl" ]] || "$PYTHON" -c "
 import sys, numpy as np
 from fastload import StoreWriter
-images = np.random.default_rng(0).integers(0, 256, (4096, 64, 64, 3), dtype=np.uint8)
+images = np.random.default_rng(0).integers(0, 256, (int(sys.argv[2]), 64, 64, 3), dtype=np.uint8)
 with StoreWriter(sys.argv[1], (64, 64, 3), 'float64') as writer:
     writer.extend(images, images.mean(axis=(1, 2, 3)) / 255.0)
-" "$WORK/train.fl"
+" "$WORK/train.fl" "$SMALL_RECORDS"
 }
 
 to_device_check() {

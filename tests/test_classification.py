@@ -95,6 +95,33 @@ def test_a_store_of_class_folders_is_classified_and_learns(class_store):
     # Colours are easy: clearly above always answering the training split's commonest class.
     assert result.baseline_accuracy == last["baseline_accuracy"] <= 0.5
     assert last["val_accuracy"] >= 0.9 and last["val_loss"] < result.history[0]["train_loss"]
+    assert "learned_too_little" not in last  # it beat the baseline clearly: nothing to warn of
+    # The split is stratified (#45): 25% of each class of 16 is 4 records.
+    assert last["val_support"] == [4, 4, 4]
+
+
+def test_a_run_that_beats_nothing_says_so_with_a_likely_cause(tmp_path, capsys):
+    """#45: 35 photos trained 3 epochs ended at the majority baseline's accuracy with nothing
+    said. Labels drawn at random leave nothing to learn: the final epoch's line, and its JSON,
+    say the model learned little, how it compares with the baseline and why (too few records)."""
+    rng = np.random.default_rng(3)
+    path = _store(tmp_path / "noise.fastload", rng.integers(0, 4, 35), {"class_names": list("abcd")})
+    result = fit(path, epochs=3, **{**FAST, "val_fraction": 0.2})
+    last = result.history[-1]
+    assert all(s >= 1 for s in last["val_support"])  # stratified: no class left out of validation
+    problem = last["learned_too_little"]
+    assert "the model learned little: validation error rate" in problem
+    assert "too few records (28 to train on)" in problem or "did not fall" in problem
+    assert all("learned_too_little" not in m for m in result.history[:-1])  # said once, at the end
+    argv = ["train", str(path), *CLI_SHARED, "--val-fraction", "0.2"]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("warning: the model learned little: validation error rate")
+    assert cli.main([*argv, "--json"]) == 0
+    assert (
+        "the model learned little"
+        in json.loads(capsys.readouterr().out.splitlines()[-1])["learned_too_little"]
+    )
 
 
 def test_whole_number_csv_labels_are_regressed_as_numbers(ages_store):
@@ -405,7 +432,7 @@ def test_cli_runs_print_accuracy_and_a_table_best_accuracy_first(class_store, ca
     assert len(epochs) == 4
     assert all("accuracy" in line and "correct per class: blue:" in line for line in epochs)
     assert all(" red:" in line and " img/s per run (" in line for line in epochs)
-    table = out[len(epochs) :]
+    table = [line for line in out if " epoch " not in line and "warning: " not in line]
     assert table[0].split() == [
         "run",
         "options",
@@ -441,3 +468,24 @@ def test_cli_help_says_which_labels_each_task_takes(capsys):
     with pytest.raises(SystemExit) as usage:
         cli.main(["train", "s.fl", "--task", "ranking"])
     assert usage.value.code == 2
+
+
+def test_learned_too_little_names_the_likeliest_cause():
+    from fastload.train.task import learned_too_little
+
+    def epoch(train_loss, rmse):
+        return {"train_loss": train_loss, "val_rmse": rmse, "baseline_rmse": 0.096}
+
+    # The README's regression example before #45: RMSE 0.132 against the mean's 0.096.
+    falling = [epoch(1.0, 0.2), epoch(0.5, 0.132)]
+    assert "RMSE 0.132 against the mean baseline's 0.096" in learned_too_little(
+        "regression", falling, 500, 20
+    )
+    assert "too few records (500 to train on)" in learned_too_little("regression", falling, 500, 20)
+    assert "too few epochs (3)" in learned_too_little("regression", falling, 5000, 3)
+    flat = [epoch(1.0, 0.2), epoch(0.99, 0.132)]
+    assert "did not fall" in learned_too_little("regression", flat, 5000, 3)
+    assert (
+        learned_too_little("regression", [epoch(1.0, 0.2), epoch(0.5, 0.0911)], 500, 3) is None
+    )  # 5.1% better
+    assert learned_too_little("regression", [epoch(1.0, 0.2), epoch(0.5, 0.0913)], 500, 3) is not None  # 4.9%

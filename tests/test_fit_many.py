@@ -264,7 +264,7 @@ def test_cli_runs_print_a_line_per_run_and_epoch_and_a_sorted_table(store_path, 
     assert [line.split()[:3] for line in epochs] == [
         [f"run{i}", "epoch", f"{e}/2"] for e in (1, 2) for i in range(3)
     ]
-    table = out[len(epochs) :]
+    table = [line for line in out if " epoch " not in line and " warning: " not in line]
     assert table[0].split()[:2] == ["run", "options"] and len(table) == 4
     rmses = [float(row.split()[4]) for row in table[1:]]
     assert rmses == sorted(rmses) and all(row.split()[-1] == "done" for row in table[1:])

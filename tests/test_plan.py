@@ -203,3 +203,35 @@ def test_split_indices_from_a_store_feeds_datasets(store_path):
     assert len(train) + len(val) == N
     ds = FastLoadDataset(Store(store_path), 5, indices=val, return_indices=True)
     assert sorted(sum(epoch(ds), [])) == val.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    val_fraction=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32),
+)
+def test_a_stratified_split_holds_every_class_out_in_proportion(counts, val_fraction, seed):
+    """#45: a random 20% of 35 photos in 4 classes left whole classes out of the validation
+    figures. Stratified, each class of two or more records has at least one in validation and
+    one in training, a class of one trains, and each class's share is its rounded proportion
+    otherwise; the split is a function of the seed."""
+    labels = np.random.default_rng(seed % 1000).permutation(np.repeat(np.arange(len(counts)), counts))
+    train, val = split_indices(len(labels), val_fraction, seed=seed, stratify=labels)
+    assert np.array_equal(np.sort(np.concatenate([train, val])), np.arange(len(labels)))
+    for c, count in enumerate(counts):
+        held = int(np.sum(labels[val] == c))
+        wanted = int(np.round(count * val_fraction))
+        if count == 1:
+            assert held == 0
+        elif val_fraction > 0:
+            assert held == min(max(wanted, 1), count - 1)
+        else:
+            assert held == 0
+    again = split_indices(len(labels), val_fraction, seed=seed, stratify=labels)
+    assert all(np.array_equal(a, b) for a, b in zip((train, val), again))
+
+
+def test_stratify_must_give_one_class_per_record():
+    with pytest.raises(ValueError, match=r"one class per record \(5\), not an array of shape \(4,\)"):
+        split_indices(5, 0.2, stratify=np.zeros(4))

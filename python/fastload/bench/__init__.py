@@ -10,9 +10,12 @@ The parts: `runner` (`run`, the stage registry), `measure` (figures and their ti
 from fastload.bench.baselines import MemmapRecords
 from fastload.bench.machine import describe_machine
 from fastload.bench.report import (
+    CACHE_FACTOR,
     LIMIT_TOLERANCE,
     TARGET_MIN_BYTES,
+    draw,
     limit_problem,
+    memcpy_limit,
     plot,
     print_report,
     report_lines,
@@ -20,7 +23,15 @@ from fastload.bench.report import (
     targets,
     verdict,
 )
-from fastload.bench.runner import BENCHES, NOISY_SPREAD_PCT, STAGES, parse_stages, run, write_synthetic_store
+from fastload.bench.runner import (
+    BENCHES,
+    NOISY_SPREAD_PCT,
+    STAGES,
+    noise_warnings,
+    parse_stages,
+    run,
+    write_synthetic_store,
+)
 
 __all__ = [
     "run",
@@ -29,13 +40,17 @@ __all__ = [
     "NOISY_SPREAD_PCT",
     "TARGET_MIN_BYTES",
     "LIMIT_TOLERANCE",
+    "CACHE_FACTOR",
     "limit_problem",
+    "memcpy_limit",
+    "noise_warnings",
     "parse_stages",
     "write_synthetic_store",
     "describe_machine",
     "MemmapRecords",
     "targets",
     "verdict",
+    "draw",
     "plot",
     "table_rows",
     "report_lines",

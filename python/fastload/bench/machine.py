@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import platform
+from typing import Optional
 
 import numpy as np
 import torch
@@ -11,6 +13,24 @@ import torch
 from fastload import _core
 from fastload._core import __version__
 from fastload.inspect import build_info, machine_memory, usable_cores
+
+
+def last_level_cache_bytes() -> Optional[int]:
+    """The largest CPU cache of core 0 (its last level, shared by the cores), from sysfs;
+    None where the kernel does not say."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(index, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=None)
 
 
 def describe_machine() -> dict:
@@ -38,6 +58,7 @@ def describe_machine() -> dict:
         "usable_cores": usable_cores(),
         "fastload_threads": _core.num_threads(),
         "ram_bytes": machine_memory(),
+        "last_level_cache_bytes": last_level_cache_bytes(),
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "platform": platform.platform(),
         "build": build_info(),

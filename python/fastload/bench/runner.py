@@ -5,6 +5,7 @@ times its figures and hands the rows to the report."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from fastload.bench.measure import Context, Figure, Plan, Skip, cold_note, run_r
 from fastload.bench.report import (
     FASTLOAD_REFERENCE,
     limit_problem,
+    memcpy_limit,
     plot,
     print_report,
     require_matplotlib,
@@ -42,7 +44,7 @@ from fastload.bench.stages import (
     bench_to_device,
 )
 from fastload.files import output_target, replace_atomically
-from fastload.inspect import check_batch_memory, machine_memory, memory_plan
+from fastload.inspect import check_batch_memory, machine_memory, memory_plan, usable_cores
 from fastload.progress import Progress
 from fastload.store import PathLike, Store, StoreWriter
 
@@ -144,6 +146,7 @@ def run(
         Store(store).close()  # a bad path fails here, before any stage runs
 
     plan = Plan.for_run(quick)
+    load_before = os.getloadavg()[0]  # other work on the machine, before this run adds its own
     progress = Progress(console, desc="fastload bench")
     workdir = tempfile.mkdtemp(prefix="fastload-bench-")
     try:
@@ -167,7 +170,7 @@ def run(
                 workdir=workdir,
                 cuda=torch.cuda.is_available(),
             )
-        results = _measure(ctx, stages, progress)
+        results = _measure(ctx, stages, progress, load_before)
     finally:
         progress.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -195,11 +198,12 @@ def run(
                 "quick": quick,
                 "stages": stages,
                 "storage": ctx.storage,
+                "load_average_before": load_before,
             },
             "memory_plan": memory,
         }
     )
-    results["verdict"] = verdict(results["rows"], memory)
+    results["verdict"] = verdict(results["rows"], memory, ctx.sample_bytes, machine["last_level_cache_bytes"])
     results["targets"] = targets(results["rows"], ctx.sample_bytes)
     if json_path is not None:
         with replace_atomically(json_path, "JSON report") as f:
@@ -211,7 +215,7 @@ def run(
     return results
 
 
-def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
+def _measure(ctx: Context, stages: List[str], progress: Progress, load_before: float) -> dict:
     figures: List[Figure] = []
     skipped: Dict[str, str] = {}
     with ctx.resources:
@@ -241,22 +245,13 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
         for figure in cold:
             figure.note, figure.trial = note, None
     by_method = {f.method: f for f in figures}
-    memcpy = max((f for f in figures if f.stage == "memcpy"), key=lambda f: f.bytes_per_s, default=None)
     ref = next((by_method[m] for m in FASTLOAD_REFERENCE if m in by_method), None)
-    rows = [
-        f.as_dict(memcpy.images_per_s if memcpy else None, ref.images_per_s if ref else None) for f in figures
-    ]
+    rows = [f.as_dict(None, ref.images_per_s if ref else None) for f in figures]
     wrong_limit = limit_problem(rows)
-    if wrong_limit:  # no figure is reported as a share of a limit that does not hold
-        memcpy = None
-        for row in rows:
-            row["vs_memcpy"] = None
-    noisy = [
-        f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
-        "rerun on an idle machine (or with more --repeats) before trusting this figure"
-        for r in rows
-        if r["spread_pct"] > NOISY_SPREAD_PCT
-    ]
+    # No figure is reported as a share of a limit that does not hold.
+    limit = None if wrong_limit else memcpy_limit(rows)
+    for row in rows:
+        row["vs_memcpy"] = row["images_per_s"] / limit["images_per_s"] if limit else None
     stage_status = {
         name: (
             {"status": "skipped", "reason": skipped[name]}
@@ -269,8 +264,27 @@ def _measure(ctx: Context, stages: List[str], progress: Progress) -> dict:
         "stages": stage_status,
         "rows": rows,
         "fastload_reference": ref.method if ref else None,
-        "memcpy_reference": memcpy.method if memcpy else None,
+        "memcpy_reference": limit["method"] if limit else None,
         "limit_problem": wrong_limit,
         "not_cold": in_ram_note,
-        "warnings": noisy,
+        "warnings": noise_warnings(rows, load_before),
     }
+
+
+def noise_warnings(rows: List[dict], load_before: float) -> List[str]:
+    """The figures whose rounds spread beyond NOISY_SPREAD_PCT, one line each; or, when the
+    machine was busy (its load average above its cores before the run began, or a third of
+    the figures noisy), one line that says so with the load, instead of a wall of them."""
+    noisy = [r for r in rows if r["spread_pct"] > NOISY_SPREAD_PCT]
+    cores = usable_cores()
+    if load_before > cores or (rows and len(noisy) * 3 > len(rows)):
+        return [
+            f"the machine was busy: load average {load_before:.1f} on {cores} cores before the run, and "
+            f"{len(noisy)} of {len(rows)} figures spread over {NOISY_SPREAD_PCT:.0f}% between rounds; "
+            "rerun on an idle machine (or with more --repeats) before trusting the figures or the verdict"
+        ]
+    return [
+        f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
+        "rerun on an idle machine (or with more --repeats) before trusting this figure"
+        for r in noisy
+    ]

@@ -50,7 +50,11 @@ def fit(store: Union[Store, PathLike], **options) -> FitResult:
     ``baseline_accuracy`` (always the training split's commonest class); regression reports
     ``val_mae``, ``val_rmse`` and ``baseline_rmse`` (always the training labels' mean).
 
-    Validation uses ``val`` (another store) or a reproducible ``val_fraction`` of ``store``.
+    Validation uses ``val`` (another store) or a reproducible ``val_fraction`` of ``store``
+    (for classification, that fraction of each class, at least one record of every class of
+    two or more: ``split_indices(..., stratify=labels)``). The final epoch's metrics carry
+    ``learned_too_little`` (a line that the epoch line prints after it) when the validation
+    error is not 5% below the baseline's, with its likely cause.
     ``monotone_inputs`` (a ``.npy`` path or array, (N,) or (N, K), aligned with ``store``) feed
     the model's monotone dimensions; with a separate ``val`` store, ``val_monotone_inputs`` are
     its aligned inputs. The model starts sensible: a regressor's output range is the training

@@ -102,7 +102,11 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         train_idx, val_idx = np.arange(len(train_store)), np.arange(len(val_store))
     else:
         val_store = train_store
-        train_idx, val_idx = split_indices(train_store, config.val_fraction, seed=config.data_seed)
+        # Classes held out in proportion, none left out by chance; regression keeps a random split.
+        by_class = train_store.labels if task == CLASSIFICATION else None
+        train_idx, val_idx = split_indices(
+            train_store, config.val_fraction, seed=config.data_seed, stratify=by_class
+        )
         train_idx, val_idx = np.asarray(train_idx), np.asarray(val_idx)
     if val is None and len(train_store) < 2:
         raise ValueError(

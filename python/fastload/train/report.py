@@ -20,7 +20,8 @@ CLASSES_SHOWN = 10
 
 def format_epoch(metrics: dict) -> str:
     """One human-readable line for an epoch's metrics (or a run's early stop), led by the run's
-    name in a fit_many group."""
+    name in a fit_many group; after the final epoch, a second line when the model did not
+    clearly beat the baseline."""
     run = f"{metrics['run']}  " if "run" in metrics else ""
     if "stopped" in metrics:
         return f"{run}stopped at step {metrics['step']}: {metrics['stopped']}"
@@ -48,6 +49,8 @@ def format_epoch(metrics: dict) -> str:
         line += "  " + _class_counts(
             metrics["val_correct"], metrics["val_support"], metrics.get("class_names")
         )
+    if "learned_too_little" in metrics:
+        line += f"\n{run}warning: {metrics['learned_too_little']}"
     return line
 
 

@@ -163,3 +163,39 @@ def baseline(task: str, train_labels: np.ndarray, val_labels: np.ndarray) -> dic
         return {"baseline_rmse": float(np.sqrt(np.mean((val_labels - train_labels.mean()) ** 2)))}
     majority = np.bincount(train_labels).argmax()
     return {"baseline_accuracy": float(np.mean(val_labels == majority))}
+
+
+#: A final validation error less than this far below the baseline's is "not clearly better".
+CLEARLY_BETTER = 0.05
+#: Below this many training records, too few records is the likely cause of learning nothing.
+FEW_RECORDS = 1000
+#: Below this many epochs, too few epochs is.
+FEW_EPOCHS = 10
+
+
+def learned_too_little(task: str, history: list, train_records: int, epochs: int) -> Optional[str]:
+    """One line saying that the latest epoch's validation error is not clearly better (less
+    than CLEARLY_BETTER below) than the baseline's, with its likely cause: the learning rate
+    when the training loss did not fall, else too few records, else too few epochs; None when
+    the model beats the baseline clearly."""
+    last = history[-1]
+    if task == REGRESSION:
+        error, base, what = (
+            last["val_rmse"],
+            last["baseline_rmse"],
+            "RMSE {:.4g} against the mean baseline's {:.4g}",
+        )
+    else:
+        error, base = 1 - last["val_accuracy"], 1 - last["baseline_accuracy"]
+        what = "error rate {:.1%} against the majority baseline's {:.1%}"
+    if error < (1 - CLEARLY_BETTER) * base:
+        return None
+    if len(history) >= 2 and history[-1]["train_loss"] >= 0.95 * history[0]["train_loss"]:
+        cause = "the training loss did not fall: try another learning rate (--lr, 10x lower or higher)"
+    elif train_records < FEW_RECORDS:
+        cause = f"too few records ({train_records:,} to train on)"
+    elif epochs < FEW_EPOCHS:
+        cause = f"too few epochs ({epochs}): train longer (--epochs)"
+    else:
+        cause = "the learning rate (--lr) or too little signal in the images for this model"
+    return f"the model learned little: validation {what.format(error, base)}, not 5% better; likely {cause}"

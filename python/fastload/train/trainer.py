@@ -33,6 +33,7 @@ from fastload.train.task import (
     CLASSIFICATION,
     PATIENCE_FIGURES,
     REGRESSION,
+    learned_too_little,
     loss,
     validation_metrics,
     validation_sums,
@@ -318,6 +319,12 @@ class Trainer:
             "device": str(self.device),
             **_gpu_metrics(self.device),
         }
+        if epoch + 1 == self.options.epochs:  # the run's final figures: say when they beat nothing
+            problem = learned_too_little(
+                self.task, [*self.history, metrics], len(self.data.train_indices), self.options.epochs
+            )
+            if problem is not None:
+                metrics["learned_too_little"] = problem
         self.history.append(metrics)
         self.epoch = epoch + 1
         return metrics
