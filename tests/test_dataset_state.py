@@ -1,0 +1,110 @@
+"""Where loading stands (seed, epoch, position), as every stage reports it: the plain
+`FastLoadDataset`, `DeviceLoader(ds, "cpu")` and `DeviceStore(...).loader(ds)` on "cpu" answer
+`set_epoch`, `state_dict` and `load_state_dict` alike, whichever of them (or the dataset under
+a loader) is asked; a refused state changes nothing anywhere."""
+
+import numpy as np
+import pytest
+import torch
+
+from fastload import Augment, DeviceLoader, FastLoadDataset, StoreWriter
+from fastload.resident import DeviceStore
+
+N = 45  # not a multiple of the batch size
+BATCH = 8
+BATCHES = -(-N // BATCH)
+SEED = 5
+AUGMENT = Augment.from_spec("crop=0.5,flip,jitter", size=4, seed=1)
+STAGES = ["dataset", "device_loader", "resident_loader"]
+LOADERS = ["device_loader", "resident_loader"]
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("state") / "s.fastload"
+    images = np.random.default_rng(0).integers(0, 256, (N, 6, 5, 3), dtype=np.uint8)
+    with StoreWriter(path, (6, 5, 3), label_dtype="float64") as writer:
+        writer.extend(images, np.arange(N) / 10)
+    return path
+
+
+@pytest.fixture(scope="module")
+def resident(store_path):
+    return DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
+
+
+@pytest.fixture
+def make(store_path, resident):
+    """make(kind) -> (dataset, stage): the stage `kind` over a fresh dataset (the stage is the
+    dataset itself for "dataset"); loaders augment, so their batches show the epoch drawn."""
+
+    def make(kind, **options):
+        ds = FastLoadDataset(store_path, BATCH, seed=SEED, return_indices=True, **options)
+        if kind == "dataset":
+            return ds, ds
+        if kind == "device_loader":
+            return ds, DeviceLoader(ds, "cpu", augment=AUGMENT)
+        return ds, resident.loader(ds, augment=AUGMENT)
+
+    return make
+
+
+def take(stage, k):
+    """The first k batches of the stage's next iteration, the iteration left open after them."""
+    batches = iter(stage)
+    return [next(batches) for _ in range(k)]
+
+
+def expected_epoch(make, kind, epoch):
+    """Every batch of epoch `epoch` from a fresh stage of `kind`, told the epoch."""
+    _, stage = make(kind)
+    stage.set_epoch(epoch)
+    return list(stage)
+
+
+def same_batches(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# The public state API as it is meant to be, on each stage.
+
+
+@pytest.mark.parametrize("kind", STAGES)
+def test_a_fresh_stage_stands_at_the_start_of_epoch_0(make, kind):
+    _, stage = make(kind)
+    assert stage.state_dict() == {"seed": SEED, "epoch": 0, "position": 0}
+
+
+@pytest.mark.parametrize("kind", STAGES)
+def test_each_batch_handed_out_counts_one_and_an_epoch_run_to_its_end_moves_on(make, kind):
+    _, stage = make(kind)
+    take(stage, 3)
+    assert stage.state_dict() == {"seed": SEED, "epoch": 0, "position": 3}
+    assert len(list(stage)) == BATCHES  # a new iteration starts the next epoch, whole
+    assert stage.state_dict() == {"seed": SEED, "epoch": 2, "position": 0}
+
+
+@pytest.mark.parametrize("kind", STAGES)
+def test_set_epoch_starts_that_epoch_from_its_start(make, kind):
+    _, stage = make(kind)
+    take(stage, 2)
+    stage.set_epoch(3)
+    assert stage.state_dict() == {"seed": SEED, "epoch": 3, "position": 0}
+    same_batches(list(stage), expected_epoch(make, kind, 3))
+    assert stage.state_dict() == {"seed": SEED, "epoch": 4, "position": 0}
+
+
+@pytest.mark.parametrize("kind", STAGES)
+def test_a_state_resumes_exactly_on_fresh_objects(make, kind):
+    _, stage = make(kind)
+    stage.set_epoch(2)
+    first = take(stage, 3)
+    state = stage.state_dict()
+    assert state == {"seed": SEED, "epoch": 2, "position": 3}
+    _, fresh = make(kind)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    same_batches(first + list(fresh), expected_epoch(make, kind, 2))
+    assert fresh.state_dict() == {"seed": SEED, "epoch": 3, "position": 0}
