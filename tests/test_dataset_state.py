@@ -3,14 +3,13 @@
 `set_epoch`, `state_dict` and `load_state_dict` alike, whichever of them (or the dataset under
 a loader) is asked; a refused state changes nothing anywhere."""
 
-import numpy as np
 import pytest
 import torch
+from dataset_helpers import N
 
-from fastload import Augment, DeviceLoader, FastLoadDataset, StoreWriter
+from fastload import Augment, DeviceLoader, FastLoadDataset
 from fastload.resident import DeviceStore
 
-N = 45  # not a multiple of the batch size
 BATCH = 8
 BATCHES = -(-N // BATCH)
 SEED = 5
@@ -20,16 +19,8 @@ LOADERS = ["device_loader", "resident_loader"]
 
 
 @pytest.fixture(scope="module")
-def store_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("state") / "s.fastload"
-    images = np.random.default_rng(0).integers(0, 256, (N, 6, 5, 3), dtype=np.uint8)
-    with StoreWriter(path, (6, 5, 3), label_dtype="float64") as writer:
-        writer.extend(images, np.arange(N) / 10)
-    return path
-
-
-@pytest.fixture(scope="module")
 def resident(store_path):
+    """The conftest store (N records) on the "cpu" device."""
     return DeviceStore(store_path, "cpu", reserve_bytes=0, progress=False)
 
 
