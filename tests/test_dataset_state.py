@@ -99,3 +99,57 @@ def test_a_state_resumes_exactly_on_fresh_objects(make, kind):
     assert fresh.state_dict() == state
     same_batches(first + list(fresh), expected_epoch(make, kind, 2))
     assert fresh.state_dict() == {"seed": SEED, "epoch": 3, "position": 0}
+
+
+# One state for every stage: the dataset under a loader and the loader answer alike, whichever
+# was told, and a loader's batches (order and augmentation draws) follow that one state.
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_set_epoch_on_the_dataset_is_the_epoch_a_loader_reports_and_draws_with(make, kind):
+    ds, loader = make(kind)
+    ds.set_epoch(3)
+    first = take(loader, 2)
+    assert loader.state_dict() == ds.state_dict() == {"seed": SEED, "epoch": 3, "position": 2}
+    same_batches(first, expected_epoch(make, kind, 3)[:2])
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+@pytest.mark.parametrize("told", ["dataset", "loader"])
+def test_the_dataset_and_its_loader_answer_alike_whichever_is_told(make, kind, told):
+    ds, loader = make(kind)
+    target = ds if told == "dataset" else loader
+    take(loader, 2)
+    assert ds.state_dict() == loader.state_dict() == {"seed": SEED, "epoch": 0, "position": 2}
+    loaded = {"seed": 9, "epoch": 4, "position": 1}
+    target.load_state_dict(loaded)
+    assert ds.state_dict() == loader.state_dict() == loaded
+    _, reference = make(kind)
+    reference.load_state_dict({**loaded, "position": 0})
+    same_batches(list(loader), list(reference)[1:])
+    target.set_epoch(6)
+    assert ds.state_dict() == loader.state_dict() == {"seed": 9, "epoch": 6, "position": 0}
+
+
+BAD_STATES = [
+    {"seed": 999, "epoch": -1, "position": 0},
+    {"seed": 999, "epoch": "1", "position": 0},
+    {"seed": 999, "epoch": 1, "position": BATCHES + 1},
+    {"seed": 999, "epoch": 1},
+    {"seed": -1, "epoch": 1, "position": 0},
+    {"seed": 999, "epoch": 1, "position": 0, "not_iterated_on_rank": 1},
+]
+
+
+@pytest.mark.parametrize("kind", STAGES)
+@pytest.mark.parametrize("bad", BAD_STATES)
+def test_a_refused_state_leaves_every_stage_as_it_was(make, kind, bad):
+    """load_state_dict checks the whole state before it changes anything: after a refused one
+    the stages report what they did and the next epoch is the one the old seed orders."""
+    ds, stage = make(kind)
+    stage.set_epoch(2)
+    take(stage, 2)
+    with pytest.raises(ValueError):
+        stage.load_state_dict(bad)
+    assert stage.state_dict() == ds.state_dict() == {"seed": SEED, "epoch": 2, "position": 2}
+    same_batches(list(stage), expected_epoch(make, kind, 3))
