@@ -239,7 +239,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         rank's state is marked as such, and load_state_dict refuses it."""
         state = self.cursor.get_state(in_worker=torch.utils.data.get_worker_info() is not None)
         if self.rank and accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
-            return {"seed": state["seed"], NOT_ITERATED: self.rank, **state}
+            return {**state, NOT_ITERATED: self.rank}
         return state
 
     def load_state_dict(self, state: dict) -> None:
