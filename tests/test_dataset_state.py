@@ -1,13 +1,18 @@
 """Where loading stands (seed, epoch, position), as every stage reports it: the plain
 `FastLoadDataset`, `DeviceLoader(ds, "cpu")` and `DeviceStore(...).loader(ds)` on "cpu" answer
 `set_epoch`, `state_dict` and `load_state_dict` alike, whichever of them (or the dataset under
-a loader) is asked; a refused state changes nothing anywhere."""
+a loader) is asked; a refused state changes nothing anywhere. A property test runs random
+programs of those calls against a plain model of the plan, batch for batch."""
 
+import numpy as np
 import pytest
 import torch
 from dataset_helpers import N
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fastload import Augment, DeviceLoader, FastLoadDataset
+from fastload import Augment, DeviceLoader, FastLoadDataset, Store, to_device
+from fastload.dataset.plan import epoch_order
 from fastload.resident import DeviceStore
 
 BATCH = 8
@@ -153,3 +158,124 @@ def test_a_refused_state_leaves_every_stage_as_it_was(make, kind, bad):
         stage.load_state_dict(bad)
     assert stage.state_dict() == ds.state_dict() == {"seed": SEED, "epoch": 2, "position": 2}
     same_batches(list(stage), expected_epoch(make, kind, 3))
+
+
+# Random programs against a plain model of the plan.
+
+
+class PlanModel:
+    """What the stages should do, written plainly: the epoch order (`plan.epoch_order`, pinned
+    by test_plan.py), each rank's batches cut from it as RankPlan documents them, and the
+    bookkeeping of set_epoch, state_dict, load_state_dict and iterations."""
+
+    def __init__(self, seed, order, rank, world_size, drop_last, block_size):
+        self.seed, self.order, self.rank, self.world_size = seed, order, rank, world_size
+        self.drop_last, self.block_size = drop_last, block_size
+        self.next_epoch, self.resume, self.current = 0, None, None  # current: [epoch, position]
+
+    def batches(self, epoch):
+        """The record numbers of each batch this rank gets in `epoch`."""
+        order = epoch_order(np.arange(N), self.order, self.seed, epoch, self.block_size, 8)
+        b, w, r = BATCH, self.world_size, self.rank
+        full, tail = (N // (w * b), 0) if self.drop_last else divmod(-(-N // w), b)
+        padded = np.resize(order, w * (full * b + tail))
+        cut = [padded[(k * w + r) * b : (k * w + r + 1) * b] for k in range(full)]
+        return cut + ([padded[full * w * b + r * tail : full * w * b + (r + 1) * tail]] if tail else [])
+
+    def state(self):
+        if self.current is not None:
+            epoch, position = self.current
+        else:
+            epoch = self.next_epoch
+            position = self.resume[1] if self.resume and self.resume[0] == epoch else 0
+        return {"seed": self.seed, "epoch": epoch, "position": position}
+
+    def set_epoch(self, epoch):
+        self.next_epoch, self.resume, self.current = epoch, None, None
+
+    def load(self, state):
+        self.seed, self.next_epoch = state["seed"], state["epoch"]
+        self.resume, self.current = (state["epoch"], state["position"]), None
+
+    def start(self):
+        """The batches left of the iteration starting now, which claims its epoch."""
+        epoch, position = self.state()["epoch"], self.state()["position"]
+        self.next_epoch, self.current = epoch + 1, [epoch, position]
+        return self.batches(epoch)[position:]
+
+
+OPERATIONS = st.one_of(
+    st.tuples(st.just("set_epoch"), st.sampled_from(["dataset", "stage"]), st.integers(0, 4)),
+    st.tuples(st.just("iterate"), st.integers(1, 9)),
+    st.tuples(st.just("reload"), st.sampled_from(["dataset", "stage"])),
+)
+
+
+@pytest.mark.parametrize("kind", STAGES)
+@settings(max_examples=60, deadline=None)
+@given(
+    order=st.sampled_from(["random", "block", "sequential"]),
+    world_size=st.integers(1, 2),
+    data=st.data(),
+    drop_last=st.booleans(),
+    program=st.lists(OPERATIONS, max_size=12),
+)
+def test_random_programs_give_the_plans_batches_on_every_stage(
+    store_path, resident, kind, order, world_size, data, drop_last, program
+):
+    rank = data.draw(st.integers(0, world_size - 1), label="rank")
+    store = Store(store_path)
+    options = dict(
+        seed=SEED, order=order, shuffle=order != "sequential", rank=rank, world_size=world_size,
+        drop_last=drop_last, block_size=4,
+    )  # fmt: skip
+
+    def fresh():
+        ds = FastLoadDataset(store, BATCH, return_indices=True, **options)
+        if kind == "dataset":
+            return ds, ds
+        if kind == "device_loader":
+            return ds, DeviceLoader(ds, "cpu", augment=AUGMENT)
+        return ds, resident.loader(ds, augment=AUGMENT)
+
+    def expected(records, epoch):
+        images, labels = (torch.from_numpy(a) for a in store.gather(records))
+        if kind != "dataset":
+            images = to_device(images, "cpu", augment=AUGMENT, keys=torch.from_numpy(records), epoch=epoch)
+        return images, labels, torch.from_numpy(records)
+
+    model = PlanModel(SEED, order, rank, world_size, drop_last, block_size=4)
+    ds, stage = fresh()
+    running, left = None, None  # the stage's open iteration and the model's batches left of it
+    for operation in program:
+        if operation[0] != "iterate" and running is not None:
+            running.close()
+            running = None
+        if operation[0] == "set_epoch":
+            (ds if operation[1] == "dataset" else stage).set_epoch(operation[2])
+            model.set_epoch(operation[2])
+        elif operation[0] == "reload":
+            state = (ds if operation[1] == "dataset" else stage).state_dict()
+            ds, stage = fresh()
+            (ds if operation[1] == "dataset" else stage).load_state_dict(state)
+            model.load(state)
+        else:
+            for _ in range(operation[1]):
+                if running is None:
+                    running, left = iter(stage), None
+                batch = next(running, None)
+                if left is None:
+                    left = model.start()  # the stage claims its epoch on the first next()
+                if not left:
+                    assert batch is None
+                    model.current, running = None, None
+                    break
+                epoch = model.current[0]
+                want_batch = expected(left.pop(0), epoch)
+                assert batch is not None and len(batch) == len(want_batch)
+                for got, want in zip(batch, want_batch):
+                    assert got.dtype == want.dtype and torch.equal(got, want)
+                model.current[1] += 1
+        assert stage.state_dict() == ds.state_dict() == model.state(), program
+    if running is not None:
+        running.close()
