@@ -223,6 +223,9 @@ OPERATIONS = st.one_of(
 def test_random_programs_give_the_plans_batches_on_every_stage(
     store_path, resident, kind, order, world_size, data, drop_last, program
 ):
+    """Each program (set_epoch on the dataset or the stage, iterate k batches, save the state
+    and load it into fresh objects) gives the model's batches bit for bit, augmentation draws
+    included, and after every step the stage and its dataset report the model's state."""
     rank = data.draw(st.integers(0, world_size - 1), label="rank")
     store = Store(store_path)
     options = dict(

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fastload._checks import INT_STATE_LIMIT, int_in_range, is_int
-from fastload.dataset.dispatch import NOT_ITERATED, NOT_ITERATED_STATE, steps_handed_out
+from fastload.dataset.dispatch import DISPATCHED, NOT_ITERATED, NOT_ITERATED_STATE, steps_handed_out
 from fastload.dataset.plan import RankPlan, epoch_order
 
 # Slots of the control block shared with DataLoader workers (see `_claim_epoch`; _DISPATCHED: 1
@@ -109,14 +109,14 @@ class EpochCursor:
     def world_size(self) -> int:
         return self.plan.world_size
 
-    def set_epoch(self, epoch: Any, driver: Optional[str] = None, dispatched: bool = False) -> None:
-        """Makes the next iteration epoch `epoch`, from its start. `driver`: the Accelerate
-        loader calling (`fastload.dataset.dispatch`), which calls set_epoch at the start of
-        every iteration: from it, the epoch a loaded state continues keeps that state's
-        position until the epoch starts."""
+    def set_epoch(self, epoch: Any, driver: Optional[str] = None) -> None:
+        """Makes the next iteration epoch `epoch`, from its start. `driver`: how the Accelerate
+        loader calling drives the dataset (`fastload.dataset.dispatch.accelerate_loader`); it
+        calls set_epoch at the start of every iteration: from it, the epoch a loaded state
+        continues keeps that state's position until the epoch starts."""
         epoch = epoch_number(epoch)
         ctl = self._control.numpy()
-        ctl[_DISPATCHED] = dispatched
+        ctl[_DISPATCHED] = driver == DISPATCHED
         if driver is not None and ctl[_RESUME_EPOCH] == ctl[_NEXT_EPOCH] == epoch:
             return
         ctl[_NEXT_EPOCH] = epoch
@@ -138,11 +138,9 @@ class EpochCursor:
                 position = steps_handed_out(position, self.world_size)
         return {"seed": self.seed, "epoch": int(epoch), "position": int(position)}
 
-    def reset(
-        self, state: Any, in_worker: bool, driver: Optional[str] = None, dispatched: bool = False
-    ) -> None:
+    def reset(self, state: Any, in_worker: bool, driver: Optional[str] = None) -> None:
         """Makes the next iteration continue epoch `state["epoch"]` after `position` batches
-        (`driver`, `dispatched`: as for set_epoch). Every part of the state is checked before
+        (`driver`: as for set_epoch). Every part of the state is checked before
         anything changes: a refused state leaves the cursor, and so every stage reading it, as
         it was."""
         if not isinstance(state, dict):
@@ -164,7 +162,7 @@ class EpochCursor:
             # share the control block and restore theirs, so it stays out of it.
             self._worker_resume, self._claimed = (epoch, position), None
             return
-        self.set_epoch(epoch, driver, dispatched)
+        self.set_epoch(epoch, driver)
         ctl = self._control.numpy()
         ctl[_RESUME_POSITION] = position
         ctl[_RESUME_EPOCH] = epoch

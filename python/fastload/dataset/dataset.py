@@ -133,8 +133,8 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             else int_in_range(block_size, "block_size")
         )
         self.window = int_in_range(window, "window")
-        self._plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
-        self.cursor = EpochCursor(self.indices, self.order, seed, self.block_size, self.window, self._plan)
+        plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
+        self.cursor = EpochCursor(self.indices, self.order, seed, self.block_size, self.window, plan)
 
     @property
     def seed(self) -> int:
@@ -159,9 +159,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         """Batches per epoch: this rank's, or every rank's when Accelerate dispatches them from
         rank 0 (its loader's length is then this rank's, as without Accelerate)."""
         if accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
-            return len(self._plan) * self.world_size
+            return len(self.cursor.plan) * self.world_size
         self._check_made_in_the_process_group()
-        return len(self._plan)
+        return len(self.cursor.plan)
 
     def _check_made_in_the_process_group(self) -> None:
         """A dataset made before torch.distributed started takes itself for the only rank: used
@@ -182,12 +182,12 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def last_batch_size(self) -> int:
         """Records in this rank's last batch of an epoch (0 when it has none): the only batch
         that can hold fewer than `batch_size`. The same on every rank."""
-        return self._plan.last
+        return self.cursor.plan.last
 
     def __repr__(self) -> str:
         return (
             f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "
-            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self._plan)} batches)"
+            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self.cursor.plan)} batches)"
         )
 
     def __getstate__(self) -> dict:
@@ -217,7 +217,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         """A worker's fresh pool, or the main process's pool, kept across epochs so that
         steady state allocates (and pins) nothing. Buffers hold the largest batch, which is
         smaller than batch_size when the rank's share is."""
-        capacity = max(1, self._plan.largest)
+        capacity = max(1, self.cursor.plan.largest)
         if worker:
             return BufferPool(capacity, store.shape, store.label_dtype, pin=False, worker=True)
         if self._pool is None:
@@ -229,7 +229,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         Accelerate's loaders call it at the start of every iteration: from them, the epoch a
         loaded state continues keeps that state's position until the epoch starts."""
         driver = accelerate_loader(self, sys._getframe(1))
-        self.cursor.set_epoch(epoch, driver, driver == DISPATCHED)
+        self.cursor.set_epoch(epoch, driver)
 
     def state_dict(self) -> dict:
         """{"seed", "epoch", "position"}: where the next iteration would start to continue this
@@ -247,7 +247,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         a state refused changes nothing."""
         driver = accelerate_loader(self, sys._getframe(1))
         in_worker = torch.utils.data.get_worker_info() is not None
-        self.cursor.reset(state, in_worker, driver, driver == DISPATCHED)
+        self.cursor.reset(state, in_worker, driver)
 
     def __iter__(self) -> Iterator[tuple]:
         caller = sys._getframe(1)
