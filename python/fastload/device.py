@@ -278,10 +278,8 @@ class DeviceLoader:
         dataset claims), or a count of this loader's own for a source without a cursor."""
         if self.cursor is not None:
             return self.cursor.hand_out()
-        epoch, self._next_epoch_without_cursor = (
-            self._next_epoch_without_cursor,
-            self._next_epoch_without_cursor + 1,
-        )
+        epoch = self._next_epoch_without_cursor
+        self._next_epoch_without_cursor += 1
         return Progress(epoch, 0, dispatched=False, claimed=True)
 
     def __iter__(self) -> Iterator:
