@@ -282,3 +282,27 @@ def test_random_programs_give_the_plans_batches_on_every_stage(
         assert stage.state_dict() == ds.state_dict() == model.state(), program
     if running is not None:
         running.close()
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 on newer torch
+def test_a_loader_over_a_stateful_dataloader_with_workers_resumes_exactly(store_path):
+    """A DeviceLoader counts its batches in the main process's cursor; a DataLoader worker
+    forked from it (after that count began) reports its own progress, so the state
+    StatefulDataLoader saves per worker resumes exactly."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loaders():
+        ds = FastLoadDataset(store_path, BATCH, seed=SEED, return_indices=True)
+        source = stateful.StatefulDataLoader(ds, batch_size=None, num_workers=1)
+        return source, DeviceLoader(source, "cpu", augment=AUGMENT)
+
+    _, uninterrupted = loaders()
+    everything = [indices.tolist() for _, _, indices in uninterrupted]
+    source, loader = loaders()
+    batches = iter(loader)
+    seen = [next(batches)[2].tolist() for _ in range(3)]
+    state = source.state_dict()
+    batches.close()
+    source, loader = loaders()
+    source.load_state_dict(state)
+    assert seen + [indices.tolist() for _, _, indices in loader] == everything

@@ -180,14 +180,14 @@ class EpochCursor:
         cut = self.plan.all_ranks if dispatched else self.plan.batches
         records, bounds = cut(order, range(start + worker_id, self.stream_length(dispatched), num_workers))
         self._claimed = Progress(epoch, start, dispatched, claimed=True)
-        if worker is None:
-            # A loader's count waiting for this claim counts this iteration (the epoch claimed
-            # here is the one its batches are drawn for); any other loader's count is stale now.
-            waiting = self._handed_out
-            if waiting is not None and not waiting.claimed:
-                waiting.epoch, waiting.position, waiting.claimed = epoch, start // per_step, True
-            else:
-                self._handed_out = None
+        # A loader's count waiting for this claim in the main process counts this iteration
+        # (the epoch claimed here is the one its batches are drawn for). Any other is stale:
+        # a loader's earlier count, or in a DataLoader worker the main process's, forked with it.
+        waiting = self._handed_out
+        if worker is None and waiting is not None and not waiting.claimed:
+            waiting.epoch, waiting.position, waiting.claimed = epoch, start // per_step, True
+        else:
+            self._handed_out = None
         return Walk(records, bounds, self._claimed, num_workers)
 
     def hand_out(self) -> Progress:
