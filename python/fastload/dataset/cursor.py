@@ -9,12 +9,17 @@ is a pure function of (seed, epoch) allows: `reset` (load_state_dict: the whole 
 then applied), `get_state` (state_dict), `set_epoch`, and `claim`, which starts an iteration and
 decides all of its batches at once (`Walk`: one flat array of record numbers and the bounds of
 each batch, the form the Rust prefetcher takes and the resident loader indexes). A stage's
-`next` hands out batch k of its walk and counts it in the walk's `Progress`.
+`next` hands out batch k of its walk and counts it in the walk's `Progress`. Why not one
+node object per stage with `next` on each, as torchdata.nodes has: the stages are not a chain
+of independent states here. Each stage's position is a count in one epoch of one plan, and a
+chain would give each stage a state of its own to keep in step, the copies this module exists
+to remove.
 
-Two loaders count what they hand out rather than what their source yields: a `DeviceLoader`
-holds batches copied ahead, or reads them from DataLoader worker processes whose progress this
-process cannot see. It asks for a `Progress` of its own (`hand_out`), which `get_state` reports
-while it lasts; the epoch it names is the one the dataset's next iteration claims."""
+A `DeviceLoader` counts what it hands out rather than what its source yields: it holds batches
+copied ahead, or reads them from DataLoader worker processes whose progress this process
+cannot see. It asks for a `Progress` of its own (`hand_out`), which `get_state` reports while
+it lasts; the dataset's `claim` in this process binds it to the epoch and position it claims,
+so the epoch its augmentation draws for is the one its batches were ordered for."""
 
 from __future__ import annotations
 
