@@ -10,6 +10,7 @@ import torch
 from dataset_helpers import N
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 
 from fastload import Augment, DeviceLoader, FastLoadDataset, Store, to_device
 from fastload.dataset.plan import epoch_order
@@ -306,3 +307,16 @@ def test_a_loader_over_a_stateful_dataloader_with_workers_resumes_exactly(store_
     source, loader = loaders()
     source.load_state_dict(state)
     assert seen + [indices.tolist() for _, _, indices in loader] == everything
+
+
+def test_a_loader_left_mid_epoch_over_workers_does_not_stand_in_for_a_later_iteration(store_path):
+    """A DeviceLoader over DataLoader workers, left mid-epoch, reports its count until another
+    iteration starts; the dataset iterated directly afterwards reports its own progress."""
+    ds = FastLoadDataset(store_path, BATCH, seed=SEED, return_indices=True)
+    loader = DeviceLoader(DataLoader(ds, batch_size=None, num_workers=1), "cpu")
+    batches = iter(loader)
+    next(batches), next(batches)
+    batches.close()
+    assert ds.state_dict() == loader.state_dict() == {"seed": SEED, "epoch": 0, "position": 2}
+    take(ds, 1)
+    assert ds.state_dict() == loader.state_dict() == {"seed": SEED, "epoch": 1, "position": 1}

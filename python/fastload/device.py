@@ -303,6 +303,8 @@ class DeviceLoader:
             close = getattr(host, "close", None)
             if close is not None:
                 close()
+            if self.cursor is not None:
+                self.cursor.end_hand_out(progress)
             if self._copies is not None:
                 # Copies of batches never handed out may still be queued: whatever the loop's
                 # stream does next (an event the dataset records on a buffer it takes back,

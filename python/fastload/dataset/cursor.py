@@ -203,6 +203,11 @@ class EpochCursor:
         self._handed_out = Progress(epoch, start, dispatched=False, claimed=False)
         return self._handed_out
 
+    def end_hand_out(self, progress: Progress) -> None:
+        """A loader's iteration is over, run to its end or left: its count stays where loading
+        stands until another iteration starts, but no later claim counts in it."""
+        progress.claimed = True
+
     def finish(self, progress: Progress) -> None:
         """An iteration ran to its end: the next one (the next epoch, from its start) is where
         loading stands, unless another iteration has started since."""
