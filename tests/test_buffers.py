@@ -254,8 +254,8 @@ def test_a_moved_batch_does_not_hold_back_the_buffers_freed_with_it(monkeypatch,
     pool = BufferPool(2, (2, 2, 1), np.dtype(np.int64), pin=False, worker=False)
     moved, kept = pool.take(), pool.take()
     batches = [moved.images[:2], kept.images[:2]]
-    pool.lend(moved, batches[0])
-    pool.lend(kept, batches[1])
+    pool.lend(moved)
+    pool.lend(kept)
     views = [batch[:1] for batch in batches]  # alive when the batches go: no buffer freed yet
     views[0].share_memory_()
     del batches, views
@@ -439,7 +439,7 @@ def test_the_host_runs_at_most_copies_in_flight_batches_ahead_of_the_gpu(monkeyp
         buf = pool.take()
         assert id(buf) not in copies or copies[id(buf)].done  # refilled once its copy ran
         taken.append(buf)
-        pool.lend(buf, buf.images[:2])  # the batch is dropped at once; its copy stays queued
+        pool.lend(buf)  # the batch is dropped at once; its copy stays queued
         pool.reclaim()
         copies[id(buf)] = buf.copied
     assert len({id(buf) for buf in taken}) == COPIES_IN_FLIGHT
@@ -483,3 +483,27 @@ def test_a_batch_buffer_too_large_to_allocate_is_a_clear_memory_error(batch_size
         MemoryError, match=rf"^cannot allocate a batch buffer of {re.escape(size)}: use a smaller batch_size"
     ):
         pool.take()
+
+
+def test_torchs_private_storage_use_count_still_counts_the_tensors_on_a_buffer():
+    """The pool tells a dropped batch from a held one by `torch._C._storage_Use_Count`, a
+    private torch API: no public one counts the tensors that share a storage. On a torch
+    without it the pool silently stops reusing buffers (every batch allocates); on one where
+    it counts otherwise, a batch the user holds could be overwritten. So this fails loudly on
+    any torch (of the range pyproject.toml accepts, as CI installs them) where it changed."""
+    assert buffers._STORAGE_USE_COUNT is not None, (
+        f"torch {torch.__version__} has no torch._C._storage_Use_Count: fastload.dataset.buffers "
+        "can no longer tell when a batch buffer is free, and reuses none"
+    )
+    base = torch.empty(8, dtype=torch.uint8)
+    alone = buffers._holders(base)[0]
+    assert alone >= 1
+    view = base[2:]
+    assert buffers._holders(base)[0] == alone + 1
+    array = view.numpy()
+    del view
+    assert buffers._holders(base)[0] == alone + 1  # the NumPy array keeps the view's tensor
+    del array
+    assert buffers._holders(base)[0] == alone
+    # a tensor whose finalizer runs still counts once (1), or no longer (0): measured, not -1
+    assert buffers._dying_view_count() in (0, 1)

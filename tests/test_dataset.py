@@ -109,12 +109,13 @@ def test_workers_advance_the_epoch_without_set_epoch(store_path):
 
 def test_workers_agree_on_the_epoch_whatever_their_start_order(store_path):
     ds = FastLoadDataset(store_path, 4)
-    Info = collections.namedtuple("Info", "id seed")
+    Info = collections.namedtuple("Info", "id num_workers seed")
 
     def loader_iteration(base_seed, start_order):
         """Epochs claimed by the fresh worker copies of one DataLoader iteration."""
-        copies = {w: copy.copy(ds) for w in start_order}  # copies share the control block
-        return {w: copies[w]._claim_epoch(Info(w, base_seed + w))[0] for w in start_order}
+        copies = {w: copy.copy(ds.cursor) for w in start_order}  # copies share the control block
+        claims = {w: copies[w].claim(Info(w, 2, base_seed + w), dispatched=False) for w in start_order}
+        return {w: claim.progress.epoch for w, claim in claims.items()}
 
     assert loader_iteration(7, [1, 0]) == {0: 0, 1: 0}
     assert loader_iteration(8, [0, 1]) == {0: 1, 1: 1}

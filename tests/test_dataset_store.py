@@ -13,7 +13,7 @@ from dataset_helpers import N, epoch, write_store
 from torch.utils.data import DataLoader
 
 from fastload import FastLoadDataset, Store, StoreError, StoreWriter
-from fastload.dataset.dataset import LAST_EPOCH
+from fastload.dataset.cursor import LAST_EPOCH
 
 
 def _write(path, value, shape=(8, 8, 3), count=24):

@@ -67,3 +67,39 @@ def test_a_missing_optional_dependency_names_the_feature_and_the_install_command
 
 def test_an_installed_optional_dependency_is_the_module():
     assert import_optional("json", "nothing", "pip install nothing") is sys.modules["json"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda path: fastload.FastLoadDataset(path, 2.0),
+        lambda path: fastload.FastLoadDataset(path, True),
+        lambda path: fastload.FastLoadDataset(path, 2, seed=1.5),
+        lambda path: fastload.FastLoadDataset(path, 2).set_epoch("1"),
+        lambda path: fastload.FastLoadDataset(path, 2).load_state_dict(
+            {"seed": 0, "epoch": 0, "position": 0.0}
+        ),
+        lambda path: fastload.DeviceLoader([], "cpu", depth=1.5),
+        lambda path: fastload.Augment(seed=True),
+    ],
+)
+def test_a_whole_number_of_another_type_is_a_value_error_as_the_rule_says(store_path, call):
+    """errors.py's rule: a count, seed, epoch or position that is not an integer is refused
+    as one out of range is, a ValueError stating the whole condition."""
+    with pytest.raises(ValueError, match="must be a"):
+        call(store_path)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda path: fastload.FastLoadDataset(None, 2),
+        lambda path: fastload.FastLoadDataset(path, 2, indices=[1.0]),
+        lambda path: fastload.DeviceLoader(3, "cpu"),
+        lambda path: fastload.DeviceLoader([], "cpu", timing=1),
+        lambda path: fastload.to_device(fastload.Store(path).gather([0])[0], "cpu"),
+    ],
+)
+def test_an_argument_of_the_wrong_kind_is_a_type_error_as_the_rule_says(store_path, call):
+    with pytest.raises(TypeError):
+        call(store_path)

@@ -31,8 +31,10 @@ def is_int(value: Any) -> bool:
 
 
 def int_in_range(value: Any, name: str, minimum: int = 1) -> int:
-    """``value`` as an int in [minimum, INT_STATE_LIMIT); a ValueError naming ``name`` otherwise.
-    (The command line's argparse type for counts is ``fastload.cli.args.positive_int``.)"""
+    """``value`` as an int in [minimum, INT_STATE_LIMIT); a ValueError naming ``name`` otherwise,
+    a float or bool included (the rule in `fastload.errors`: a whole number of another type is
+    a ValueError, as one out of range). (The command line's argparse type for counts is
+    ``fastload.cli.args.positive_int``.)"""
     if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
     if value >= INT_STATE_LIMIT:

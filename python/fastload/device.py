@@ -15,6 +15,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from fastload.augment import Augment, check_epoch, check_uint8_batch, convert, kernel_runs
+from fastload.dataset.cursor import Progress
 
 # Batches a DeviceLoader copies ahead at most: each is a batch of device memory held early.
 MAX_DEPTH = 16
@@ -203,8 +204,13 @@ class DeviceLoader:
     before their copy. Elsewhere (CPU, other devices) batches are converted one by one.
 
     `set_epoch`, `state_dict` and `load_state_dict` pass through to the dataset (the source,
-    or the DataLoader's dataset); `state_dict` counts the batches handed out, not those copied
-    ahead. `timing=True` records CUDA events per batch; `timings()` sums them up.
+    or the DataLoader's dataset), whose one cursor (`fastload.dataset.cursor`) says where
+    loading stands for both: the epoch of each iteration (the order and the augmentation
+    draws) is the one the dataset claims, and while the loader iterates, the position is the
+    batches it handed out, not those copied ahead or gathered by DataLoader workers. A source
+    without a FastLoadDataset (bare batches) has no state: its iterations count the epochs
+    of the augmentation draws. `timing=True` records CUDA events per batch; `timings()` sums
+    them up.
     """
 
     def __init__(
@@ -234,11 +240,9 @@ class DeviceLoader:
         self.dataset = source if hasattr(source, "set_epoch") else getattr(source, "dataset", None)
         if not hasattr(self.dataset, "set_epoch"):
             self.dataset = None
-        # Where the next iteration starts (epoch, position) and, while one runs or after one was
-        # left early, [epoch, first batch, batches handed out].
-        state = self.dataset.state_dict() if hasattr(self.dataset, "state_dict") else {}
-        self._next = (state.get("epoch", 0), state.get("position", 0))
-        self._current: Optional[list] = None
+        # Where loading stands: the dataset's cursor; without one, the epoch of the next iteration.
+        self.cursor = getattr(self.dataset, "cursor", None)
+        self._next_epoch_without_cursor = 0
         self.waited = 0.0  # seconds the latest iteration spent blocked on the source
         # One copy stream for every iteration: the events the dataset's buffer pool records on
         # it, when it takes buffers back, then follow the copies of earlier iterations too.
@@ -253,45 +257,54 @@ class DeviceLoader:
         check_epoch(epoch)
         if self.dataset is not None:
             self.dataset.set_epoch(epoch)
-        self._next, self._current = (epoch, 0), None
+        self._next_epoch_without_cursor = epoch
 
     def state_dict(self) -> dict:
-        """The dataset's {"seed", "epoch", "position"}, counting the batches this loader handed
-        out (the dataset itself has yielded up to `depth` more, copied ahead)."""
+        """The dataset's {"seed", "epoch", "position"}: while this loader iterates, the position
+        counts the batches it handed out (the dataset itself has yielded up to `depth` more,
+        copied ahead)."""
         if not hasattr(self.dataset, "state_dict"):
             raise TypeError(f"the source {self.source!r} has no dataset with a state_dict")
-        state = self.dataset.state_dict()
-        epoch, position = self._next if self._current is None else (self._current[0], sum(self._current[1:]))
-        return {**state, "epoch": epoch, "position": position}
+        return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Makes the next iteration continue where `state` (from `state_dict`) stopped."""
         if not hasattr(self.dataset, "load_state_dict"):
             raise TypeError(f"the source {self.source!r} has no dataset with a load_state_dict")
         self.dataset.load_state_dict(state)
-        self._next, self._current = (int(state["epoch"]), int(state["position"])), None
+
+    def _start(self) -> Progress:
+        """The count of the iteration starting: the dataset cursor's (its epoch the one the
+        dataset claims), or a count of this loader's own for a source without a cursor."""
+        if self.cursor is not None:
+            return self.cursor.hand_out()
+        epoch = self._next_epoch_without_cursor
+        self._next_epoch_without_cursor += 1
+        return Progress(epoch, 0, dispatched=False, claimed=True)
 
     def __iter__(self) -> Iterator:
         return self._iteration()
 
     def _iteration(self) -> Iterator:
-        # Claimed on the first batch, as FastLoadDataset claims its epoch.
-        epoch, start = self._next
-        self._next, self._current = (epoch + 1, 0), [epoch, start, 0]
+        # Started on the first batch, as FastLoadDataset claims its epoch.
+        progress = self._start()
         self.waited, self._times = 0.0, []
         host = iter(self.source)
         if self.device.type == "cuda" and self._copies is None:
             self._copies = CudaCopies(self.device)
         try:
             if self._copies is not None:
-                yield from self._overlapped(host, epoch, self._copies)
+                yield from self._overlapped(host, progress, self._copies)
             else:
-                yield from self._one_by_one(host, epoch)
-            self._current = None  # ran to its end: the dataset's next epoch comes next
+                yield from self._one_by_one(host, progress)
+            if self.cursor is not None:
+                self.cursor.finish(progress)  # ran to its end: the dataset's next epoch comes next
         finally:
             close = getattr(host, "close", None)
             if close is not None:
                 close()
+            if self.cursor is not None:
+                self.cursor.end_hand_out(progress)
             if self._copies is not None:
                 # Copies of batches never handed out may still be queued: whatever the loop's
                 # stream does next (an event the dataset records on a buffer it takes back,
@@ -307,7 +320,7 @@ class DeviceLoader:
             self._times.append(BatchTimes(waited))
         return batch
 
-    def _one_by_one(self, host: Iterator, epoch: int) -> Iterator:
+    def _one_by_one(self, host: Iterator, progress: Progress) -> Iterator:
         while True:
             batch = self._next_batch(host)
             if batch is _END:
@@ -321,13 +334,13 @@ class DeviceLoader:
                     t.to(self.device, non_blocking=t.is_pinned()) if isinstance(t, torch.Tensor) else t
                     for t in rest
                 )
-            out = self._convert(images, rest, epoch)
+            out = self._convert(images, rest, progress.epoch)
             if self.timing:
                 self._times[-1].convert_s = time.perf_counter() - started
-            self._current[2] += 1
+            progress.position += 1
             yield out
 
-    def _overlapped(self, host: Iterator, epoch: int, copies: CudaCopies) -> Iterator:
+    def _overlapped(self, host: Iterator, progress: Progress, copies: CudaCopies) -> Iterator:
         # Non-timing copy events come from a ring: an event is recorded again only after the
         # compute stream's wait on its previous recording was queued, which that wait keeps.
         ring = [torch.cuda.Event() for _ in range(self.depth + 1)]
@@ -369,10 +382,10 @@ class DeviceLoader:
                         t.record_stream(compute)
             if times is not None:
                 times.started = _timing_event(compute)
-            out = self._convert(images, rest, epoch)
+            out = self._convert(images, rest, progress.epoch)
             if times is not None:
                 times.converted = _timing_event(compute)
-            self._current[2] += 1
+            progress.position += 1
             yield out
 
     def _convert(self, images: torch.Tensor, rest: Optional[tuple], epoch: int):

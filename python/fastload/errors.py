@@ -6,9 +6,14 @@
   `NotADirectoryError`, `FileExistsError` for an existing destination, a full disk's
   `OSError`), its message naming the file; a path the output rule refuses (a device, a FIFO,
   a folder) is a ValueError naming it and what it is (`fastload.files`).
-- A wrong argument is `ValueError`, or `TypeError` when its type is wrong (an index out of range
-  is `IndexError`), as for Python's own functions; so is using a store, writer or prefetcher after
-  it was closed, committed or discarded.
+- A wrong argument is `ValueError`, or `TypeError` when it is an object of the wrong kind
+  altogether (a path that is neither str nor os.PathLike, a flag that is not True or False, a
+  dtype, a source that yields no batches, an array of indices that are not integers); an index
+  out of range is `IndexError`. A whole number (a count, size, seed, epoch or position) given as
+  anything but an integer (2.0, True, "1") is a `ValueError`, as one out of its range is: one
+  check and one message state the whole condition ("batch_size must be an integer >= 1, not
+  2.0"), and NumPy integers pass where Python ints do. Using a store, writer or prefetcher after
+  it was closed, committed or discarded is a `ValueError` too.
 - A condition only fastload can name is its own class here. Each derives from `FastloadError`,
   so `except fastload.FastloadError` catches everything fastload raises on purpose, and also
   from the built-in class a caller would otherwise expect (`BadFilesError` is a ValueError,

@@ -3,9 +3,10 @@ each batch gathered there (`index_select`), so that no epoch after the upload cr
 needs pinned buffers or a host thread; every run trained from it shares the one copy.
 
 `DeviceStore.loader(dataset)` yields exactly what `DeviceLoader(dataset, device)` yields, batch
-for batch, because it walks the dataset's own plan (`FastLoadDataset.record_batches`: the same
-seed, epoch, order, rank share, `set_epoch` and `state_dict`) and converts with the same
-`Conversion`."""
+for batch, because both follow the dataset's one cursor (`fastload.dataset.cursor`): the same
+`Walk` decides which records each batch holds (here it is gathered on the device, there by the
+Rust prefetcher on the host), the same `Progress` names the epoch its augmentation draws for
+and counts the batches handed out, and the same `Conversion` converts."""
 
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ class ResidentLoader:
     """
 
     def __init__(self, resident: DeviceStore, dataset, conversion: Conversion):
-        if not hasattr(dataset, "record_batches"):
+        if not hasattr(dataset, "walk"):
             raise TypeError(f"dataset must be a FastLoadDataset, not {type(dataset).__name__}")
         if os.path.realpath(dataset.path) != os.path.realpath(resident.store.path):
             raise ValueError(
@@ -186,15 +187,17 @@ class ResidentLoader:
         self.dataset.load_state_dict(state)
 
     def __iter__(self) -> Iterator:
+        # Claimed on the first batch, as FastLoadDataset claims its epoch.
         self.waited = 0.0
-        epoch = None
-        for records in self.dataset.record_batches():
-            if epoch is None:
-                epoch = self.dataset.state_dict()["epoch"]
+        walk = self.dataset.walk()
+        progress = walk.progress
+        for k in range(len(walk)):
             started = time.perf_counter()
-            batch = self._batch(records, epoch)
+            batch = self._batch(walk.batch(k), progress.epoch)
             self.waited += time.perf_counter() - started
+            progress.position += walk.step
             yield batch
+        self.dataset.cursor.finish(progress)
 
     def _batch(self, records: np.ndarray, epoch: int):
         rows = torch.from_numpy(self.resident.rows(records)).to(self.device)

@@ -93,10 +93,12 @@ def _dying_view_count() -> int:
 class BufferPool:
     """Batch buffers, reused once no tensor built on them is alive anywhere (and, for pinned
     ones, once the GPU copy queued on them has finished), so a batch the user still holds is
-    never overwritten and steady state allocates nothing. An unpinned buffer comes back the
-    moment the batch's images tensor dies, as in a `for` loop that moves on to the next
-    batch; a pinned one (or one still referenced then) when the prefetcher next needs a
-    buffer, after the GPU copy queued on it has finished. A buffer whose memory the user moved
+    never overwritten and steady state allocates nothing. The pool is a passive free list with
+    the loans' bookkeeping; its one consumer (`prefetch.Pass`) drives it: takes buffers, lends
+    them, and, when a lent images tensor dies, asks `let_go` whether the buffer is free (an
+    unpinned one the moment the batch's images tensor dies, as in a `for` loop that moves on
+    to the next batch) and keeps it or gives it back; `reclaim` frees the rest (a pinned one,
+    or one still referenced then, after the GPU copy queued on it has finished). A buffer whose memory the user moved
     while holding it (`share_memory_()`, a torch.multiprocessing queue) is retired instead: the
     prefetcher never writes to it again. In a DataLoader worker the batches travel to the main
     process through shared memory, where this process cannot see who holds them: there every
@@ -111,9 +113,6 @@ class BufferPool:
         self._free: collections.deque = collections.deque()
         self._copying: collections.deque = collections.deque()
         self._lent: list = []
-        self.active: Optional[Any] = (
-            None  # the iteration under way (a prefetch.Pass), which takes free buffers first
-        )
 
     def _allocate(self) -> Buffer:
         try:
@@ -158,20 +157,18 @@ class BufferPool:
         # Last freed, first reused: its lines are the likeliest to be still in the CPU cache.
         return self._free.pop() if self._free else self._allocate()
 
-    def lend(self, buf: Buffer, images: torch.Tensor) -> None:
-        """Hands `buf` to the user as the tensor `images` (and views of it)."""
+    def lend(self, buf: Buffer) -> None:
+        """Counts `buf` as handed to the user (as a tensor over its images and views of it)
+        until `let_go` or `reclaim` finds nothing holds it any more. A worker's buffers leave
+        for the main process and are never reused."""
         if self.worker:
             return
         buf.lent = True
         self._lent.append(buf)
-        weakref.finalize(images, self._let_go, buf).atexit = False
 
     def give_back(self, buf: Buffer) -> None:
-        """Takes back a buffer free to fill: the iteration under way gets it if it is short
-        of buffers, the pool keeps it otherwise."""
-        if self.worker:
-            return
-        if self.active is None or not self.active.adopt(buf):
+        """Keeps a buffer free to fill, for the next `take`."""
+        if not self.worker:
             self._free.append(buf)
 
     def _end_loan(self, buf: Buffer) -> bool:
@@ -187,15 +184,16 @@ class BufferPool:
             buf.owner = None
         return False
 
-    def _let_go(self, buf: Buffer) -> None:
-        """The yielded images tensor is going; if nothing else holds the buffer, it is free now."""
-        if (
+    def let_go(self, buf: Buffer) -> bool:
+        """The images tensor `buf` was lent as is going (called from its finalizer): whether
+        nothing else holds the buffer, which is then free to fill now and the caller's to keep
+        or give back. A pinned buffer is never free here: `reclaim` frees it after its copy."""
+        return (
             buf.lent
             and not self._pin
             and buf.unreferenced(dying_images=_dying_view_count())
             and self._end_loan(buf)
-        ):
-            self.give_back(buf)
+        )
 
     def reclaim(self) -> None:
         """Frees lent buffers the user has let go of (called by the consumer thread, whose

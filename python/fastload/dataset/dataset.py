@@ -11,25 +11,13 @@ from typing import Any, Iterator, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from fastload._checks import INT_STATE_LIMIT, fspath, int_in_range, is_int
+from fastload._checks import fspath, int_in_range
 from fastload.dataset.buffers import BufferPool
-from fastload.dataset.dispatch import (
-    DISPATCHED,
-    NOT_ITERATED,
-    NOT_ITERATED_STATE,
-    accelerate_loader,
-    steps_handed_out,
-)
-from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan, epoch_order
+from fastload.dataset.cursor import EpochCursor, Walk
+from fastload.dataset.dispatch import DISPATCHED, NOT_ITERATED, accelerate_loader
+from fastload.dataset.plan import BLOCK_BYTES, ORDERS, WINDOW_BLOCKS, RankPlan
 from fastload.dataset.prefetch import Pass
 from fastload.store import PathLike, Store, StoreError, as_indices
-
-# Slots of the control block shared with DataLoader workers (see `_claim_epoch`; _DISPATCHED: 1
-# while Accelerate dispatches this dataset's batches from rank 0, see `fastload.dataset.dispatch`).
-_NEXT_EPOCH, _RESUME_EPOCH, _RESUME_POSITION, _GENERATION, _GENERATION_EPOCH, _DISPATCHED = range(6)
-# The epoch counter's range: epochs 0..LAST_EPOCH are iterated, and a state may say LAST_EPOCH + 1
-# (where the counter stands after the last one), so every state it produces loads again.
-LAST_EPOCH = INT_STATE_LIMIT - 1
 
 
 class FastLoadDataset(torch.utils.data.IterableDataset):
@@ -57,6 +45,10 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     batches round-robin. Under Hugging Face Accelerate's `prepare`, which dispatches the batches
     from rank 0, rank 0 yields every rank's batch of each step and each rank gets its own
     (`fastload.dataset.dispatch`); `len` and `state_dict` count steps there as elsewhere.
+
+    Where loading stands has one owner, `self.cursor` (`fastload.dataset.cursor.EpochCursor`):
+    a DeviceLoader or resident loader over this dataset reads and moves the same cursor, so
+    set_epoch, state_dict and load_state_dict answer alike on each of them.
 
     Resume: `state_dict()` is (seed, epoch, position = batches of that epoch already yielded
     in this rank: `len(ds)` after its last batch, and (next epoch, 0) once the loop over it
@@ -114,7 +106,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         if not shuffle and order != "sequential":
             raise ValueError(f"shuffle=False asks for sequential order, but order={order!r}")
         self.order = order
-        self.seed = int_in_range(seed, "seed", minimum=0)
+        seed = int_in_range(seed, "seed", minimum=0)
         self.drop_last = bool(drop_last)
         count = len(self._store)
         if indices is None:
@@ -141,17 +133,13 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
             else int_in_range(block_size, "block_size")
         )
         self.window = int_in_range(window, "window")
-        self._plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
-        # Epoch bookkeeping lives in shared memory so set_epoch/load_state_dict reach
-        # DataLoader workers, persistent ones included, and workers can advance the epoch.
-        self._control = torch.tensor([0, -1, 0, 0, 0, 0], dtype=torch.int64).share_memory_()
-        self._iterations = 0  # iterations started by this copy (worker generations)
-        # [epoch, position, dispatched] of this copy's latest iteration; in a worker, position
-        # is where the worker's share continues (its next batch is position + worker id).
-        # Dispatched by Accelerate, position counts every rank's batches (world_size a step).
-        self._progress: Optional[list] = None
-        # A state loaded inside a DataLoader worker: that worker's alone, for its next iteration.
-        self._worker_resume: Optional[Tuple[int, int]] = None
+        plan = RankPlan(len(self.indices), self.batch_size, self.rank, self.world_size, self.drop_last)
+        self.cursor = EpochCursor(self.indices, self.order, seed, self.block_size, self.window, plan)
+
+    @property
+    def seed(self) -> int:
+        """The seed of the epoch orders: the cursor's, which a loaded state may change."""
+        return self.cursor.seed
 
     @staticmethod
     def _distributed(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -171,9 +159,9 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         """Batches per epoch: this rank's, or every rank's when Accelerate dispatches them from
         rank 0 (its loader's length is then this rank's, as without Accelerate)."""
         if accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
-            return len(self._plan) * self.world_size
+            return len(self.cursor.plan) * self.world_size
         self._check_made_in_the_process_group()
-        return len(self._plan)
+        return len(self.cursor.plan)
 
     def _check_made_in_the_process_group(self) -> None:
         """A dataset made before torch.distributed started takes itself for the only rank: used
@@ -194,19 +182,18 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
     def last_batch_size(self) -> int:
         """Records in this rank's last batch of an epoch (0 when it has none): the only batch
         that can hold fewer than `batch_size`. The same on every rank."""
-        return self._plan.last
+        return self.cursor.plan.last
 
     def __repr__(self) -> str:
         return (
             f"FastLoadDataset({self.path!r}, {len(self.indices)} records, batch_size={self.batch_size}, "
-            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self._plan)} batches)"
+            f"order={self.order!r}, rank {self.rank}/{self.world_size}, {len(self.cursor.plan)} batches)"
         )
 
     def __getstate__(self) -> dict:
         # Pickles by path: each process maps the store itself.
         state = self.__dict__.copy()
         state["_store"] = state["_pool"] = None
-        state["_progress"] = None
         return state
 
     def _open(self) -> Store:
@@ -230,7 +217,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         """A worker's fresh pool, or the main process's pool, kept across epochs so that
         steady state allocates (and pins) nothing. Buffers hold the largest batch, which is
         smaller than batch_size when the rank's share is."""
-        capacity = max(1, self._plan.largest)
+        capacity = max(1, self.cursor.plan.largest)
         if worker:
             return BufferPool(capacity, store.shape, store.label_dtype, pin=False, worker=True)
         if self._pool is None:
@@ -241,104 +228,26 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         """Makes the next iteration epoch `epoch`, from its start (as `DistributedSampler.set_epoch`).
         Accelerate's loaders call it at the start of every iteration: from them, the epoch a
         loaded state continues keeps that state's position until the epoch starts."""
-        epoch = _epoch_number(epoch)
-        ctl = self._control.numpy()
         driver = accelerate_loader(self, sys._getframe(1))
-        ctl[_DISPATCHED] = driver == DISPATCHED
-        if driver is not None and ctl[_RESUME_EPOCH] == ctl[_NEXT_EPOCH] == epoch:
-            return
-        ctl[_NEXT_EPOCH] = epoch
-        ctl[_RESUME_EPOCH] = -1
-        ctl[_GENERATION] = 0  # no worker generation can mistake the next one for itself
-        self._progress = None
+        self.cursor.set_epoch(epoch, driver)
 
     def state_dict(self) -> dict:
         """{"seed", "epoch", "position"}: where the next iteration would start to continue this
-        rank's batches; exact at num_workers=0 and, per worker, inside DataLoader workers (see
-        the class docstring). Under Accelerate's dispatch only rank 0 iterates: another rank's
-        state is marked as such, and load_state_dict refuses it."""
-        state = {"seed": self.seed}
+        rank's batches, counting the batches handed out by the loader over this dataset if
+        one is iterating it; exact at num_workers=0 and, per worker, inside DataLoader workers
+        (see the class docstring). Under Accelerate's dispatch only rank 0 iterates: another
+        rank's state is marked as such, and load_state_dict refuses it."""
+        state = self.cursor.get_state(in_worker=torch.utils.data.get_worker_info() is not None)
         if self.rank and accelerate_loader(self, sys._getframe(1)) == DISPATCHED:
-            state[NOT_ITERATED] = self.rank
-        if self._progress is not None:
-            epoch, position, dispatched = self._progress
-            if torch.utils.data.get_worker_info() is not None:
-                position = min(position, self._stream_length(dispatched))  # the worker's own stream
-            elif dispatched:
-                position = steps_handed_out(position, self.world_size)
-        else:
-            ctl = self._control.numpy()
-            epoch = int(ctl[_NEXT_EPOCH])
-            position = int(ctl[_RESUME_POSITION]) if ctl[_RESUME_EPOCH] == epoch else 0
-        return {**state, "epoch": int(epoch), "position": int(position)}
+            return {**state, NOT_ITERATED: self.rank}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Makes the next iteration continue epoch `state["epoch"]` after `position` batches."""
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict(), not {type(state).__name__}")
-        missing = {"seed", "epoch", "position"} - set(state)
-        if missing:
-            raise ValueError(f"the dataset state is missing {sorted(missing)}")
-        if NOT_ITERATED in state:
-            raise ValueError(NOT_ITERATED_STATE.format(rank=state[NOT_ITERATED]))
-        position = int_in_range(state["position"], "position", minimum=0)
+        """Makes the next iteration continue epoch `state["epoch"]` after `position` batches;
+        a state refused changes nothing."""
+        driver = accelerate_loader(self, sys._getframe(1))
         in_worker = torch.utils.data.get_worker_info() is not None
-        batches = self._stream_length(in_worker and bool(self._control.numpy()[_DISPATCHED]))
-        if position > batches:
-            raise ValueError(f"position {position} is beyond the {batches} batches of an epoch")
-        self.seed = int_in_range(state["seed"], "seed", minimum=0)
-        epoch = _epoch_number(state["epoch"])
-        if torch.utils.data.get_worker_info() is not None:
-            # A worker restoring its own progress (StatefulDataLoader): the other workers
-            # share the control block and restore theirs, so it stays out of it.
-            self._worker_resume, self._progress = (epoch, position), None
-            return
-        self.set_epoch(epoch)
-        ctl = self._control.numpy()
-        ctl[_RESUME_POSITION] = position
-        ctl[_RESUME_EPOCH] = ctl[_NEXT_EPOCH]
-
-    def _stream_length(self, dispatched: bool) -> int:
-        """Batches an epoch's iteration yields in all: every rank's when dispatched."""
-        return len(self._plan) * (self.world_size if dispatched else 1)
-
-    def _claim_epoch(self, worker: Optional[Any], per_step: int = 1) -> Tuple[int, int]:
-        """(epoch, first batch) of the iteration starting now, advancing the shared epoch; a
-        loaded position (in steps) is `per_step` batches a step of the stream iterated.
-
-        In the main process that is plain. DataLoader workers of one loader iteration (a
-        "generation": same base seed, same iteration count of their copy) must agree on the
-        epoch without a lock: worker 0 alone advances it, writing the generation's epoch and
-        key before the next epoch; the others read the next epoch first and the key second,
-        so either they see worker 0's key (and take its epoch) or worker 0 has not yet
-        advanced (and the next epoch they read is the generation's). The base seed comes from
-        torch's random generator; if it is re-seeded identically before every epoch, two
-        generations look alike, which `set_epoch` (clearing the key) avoids."""
-        ctl = self._control.numpy()
-        if worker is not None and self._worker_resume is not None:
-            (epoch, start), self._worker_resume = self._worker_resume, None
-            _check_epoch_left(epoch)
-            self._iterations += 1
-            ctl[_NEXT_EPOCH] = epoch + 1  # every resumed worker writes the same value
-            return epoch, start
-        if worker is None:
-            epoch = _check_epoch_left(int(ctl[_NEXT_EPOCH]))
-            ctl[_NEXT_EPOCH] = epoch + 1
-        else:
-            generation = hash((worker.seed - worker.id, self._iterations)) or 1
-            self._iterations += 1
-            if worker.id == 0:
-                epoch = _check_epoch_left(int(ctl[_NEXT_EPOCH]))
-                ctl[_GENERATION_EPOCH] = epoch
-                ctl[_GENERATION] = generation
-                ctl[_NEXT_EPOCH] = epoch + 1
-            else:
-                epoch = int(ctl[_NEXT_EPOCH])
-                if ctl[_GENERATION] == generation:
-                    epoch = int(ctl[_GENERATION_EPOCH])
-                _check_epoch_left(epoch)
-        start = int(ctl[_RESUME_POSITION]) * per_step if ctl[_RESUME_EPOCH] == epoch else 0
-        return epoch, start
+        self.cursor.reset(state, in_worker, driver)
 
     def __iter__(self) -> Iterator[tuple]:
         caller = sys._getframe(1)
@@ -352,7 +261,7 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
                 self._check_made_in_the_process_group()
             return self._claimed_on_first_batch(store, dispatched)
         # A worker learns it from the main process, where Accelerate's loader called set_epoch.
-        return self._iteration(store, worker, bool(self._control.numpy()[_DISPATCHED]))
+        return self._iteration(store, worker, self.cursor.dispatched)
 
     def _claimed_on_first_batch(self, store: Store, dispatched: bool) -> Iterator[tuple]:
         """The main process claims its epoch when the first batch is asked for, not at
@@ -361,67 +270,38 @@ class FastLoadDataset(torch.utils.data.IterableDataset):
         yield from self._iteration(store, None, dispatched)
 
     def _iteration(self, store: Store, worker: Optional[Any], dispatched: bool) -> Iterator[tuple]:
-        records, bounds, num_workers = self._claim_batches(worker, dispatched)
-        pool = self._buffers(store, worker is not None)
-        return self._batches(store, records, bounds, pool, self._progress, num_workers, worker is None)
+        walk = self.cursor.claim(worker, dispatched)
+        return self._batches(store, walk, self._buffers(store, worker is not None), worker is None)
 
-    def _claim_batches(self, worker: Optional[Any], dispatched: bool) -> Tuple[np.ndarray, np.ndarray, int]:
-        """(records, batch bounds, worker count) of the iteration starting now, its epoch
-        claimed and its progress counted from here: this rank's batches, or every rank's in
-        step order when Accelerate dispatches them from this process."""
-        per_step = self.world_size if dispatched else 1
-        epoch, start = self._claim_epoch(worker, per_step)
-        order = self._plan.pad(
-            epoch_order(self.indices, self.order, self.seed, epoch, self.block_size, self.window)
-        )
-        worker_id, num_workers = (0, 1) if worker is None else (worker.id, worker.num_workers)
-        cut = self._plan.all_ranks if dispatched else self._plan.batches
-        records, bounds = cut(order, range(start + worker_id, self._stream_length(dispatched), num_workers))
-        self._progress = [epoch, start, dispatched]
-        return records, bounds, num_workers
-
-    def record_batches(self) -> Iterator[np.ndarray]:
-        """The record numbers (int64) of each batch the next iteration would yield, in order,
-        with the same bookkeeping as iterating the dataset (the epoch claimed on the first
-        batch, `state_dict` counting the batches given out) but nothing gathered: what a store
-        already on the device (`fastload.DeviceStore`) gathers there itself. Main process only."""
+    def walk(self) -> Walk:
+        """The batches the next iteration would yield, decided (record numbers, batch bounds) and
+        claimed as iterating claims them (the epoch and position move on), but nothing gathered:
+        what a store already on the device (`fastload.DeviceStore`) gathers there itself,
+        counting the batches it hands out in the walk's progress. Main process only."""
         if torch.utils.data.get_worker_info() is not None:
-            raise RuntimeError("record_batches() runs in the main process, not in a DataLoader worker")
+            raise RuntimeError("walk() runs in the main process, not in a DataLoader worker")
         self._open().check_unchanged()
-        records, bounds, _ = self._claim_batches(None, dispatched=False)
-        progress = self._progress
-        for k in range(len(bounds) - 1):
-            progress[1] += 1
-            yield records[bounds[k] : bounds[k + 1]]
-        if self._progress is progress:
-            self._progress = None
+        return self.cursor.claim(None, dispatched=False)
 
-    def _batches(
-        self,
-        store: Store,
-        records: np.ndarray,
-        bounds: np.ndarray,
-        pool: BufferPool,
-        progress: list,
-        step: int,
-        main: bool,
-    ) -> Iterator[tuple]:
-        """Yields the batches, counting them in `progress`. In the main process an iteration
-        that ran to its end hands the state back to the control block (next epoch, position
-        0); a worker keeps reporting its finished share (its restored iteration is empty)."""
+    def _batches(self, store: Store, walk: Walk, pool: BufferPool, main: bool) -> Iterator[tuple]:
+        """Yields the batches, counting them in the walk's progress. In the main process an
+        iteration that ran to its end hands the state back to the cursor's next epoch
+        (position 0); a worker keeps reporting its finished share (its restored iteration is
+        empty)."""
+        records, bounds, progress = walk.records, walk.bounds, walk.progress
         prefetched = Pass(store, records, bounds, pool, self.prefetch)
         try:
-            for _ in range(len(bounds) - 1):
+            for _ in range(len(walk)):
                 # Held only in a list popped by the yield, so this suspended frame keeps no
                 # reference to the batch: once the caller drops it, its buffer goes straight back.
                 ready = [prefetched.next()]
                 k, ready[0] = ready[0][0], ready[0][1:]
-                progress[1] += step
+                progress.position += walk.step
                 if self.return_indices:
                     ready[0] += (torch.from_numpy(records[bounds[k] : bounds[k + 1]].copy()),)
                 yield ready.pop()
-            if main and self._progress is progress:
-                self._progress = None
+            if main:
+                self.cursor.finish(progress)
         finally:
             prefetched.close()
 
@@ -430,20 +310,6 @@ def _process_group_size() -> int:
     """The size of torch.distributed's default process group, 0 when there is none."""
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _epoch_number(epoch: Any) -> int:
-    """An epoch a state or `set_epoch` may name: 0..LAST_EPOCH + 1."""
-    if not is_int(epoch) or not 0 <= epoch <= LAST_EPOCH + 1:
-        raise ValueError(f"epoch must be an integer from 0 to 2**62, not {epoch!r}")
-    return int(epoch)
-
-
-def _check_epoch_left(epoch: int) -> int:
-    """`epoch` if it may be iterated, before the counter moves past it."""
-    if epoch > LAST_EPOCH:
-        raise ValueError(f"epoch {epoch} is past the last epoch the dataset counts ({LAST_EPOCH})")
-    return epoch
 
 
 def _warn_if_batched_again(dataset: FastLoadDataset, caller) -> None:

@@ -13,7 +13,15 @@ inside Accelerate: that is refused at the first batch, naming the configurations
 
 Accelerate gives the dataset no other sign than the calls in progress: the dataset looks up
 the callers of `__len__`, `__iter__`, `set_epoch` and `state_dict` for the Accelerate object
-driving it, and only when Accelerate is already imported."""
+driving it, and only when Accelerate is already imported (elsewhere a call costs one dict
+lookup; never a cost per batch). The frames are read rather than replaced because every other
+sign is worse: a flag the user passes would break the promise that the default
+`accelerator.prepare` sees every record once per epoch; patching Accelerate's classes when it
+is imported would change a library's methods process-wide and break on the same refactors;
+`gc.get_referrers` is slow and depends on the collector. What this module assumes of
+Accelerate (the three class names, their `dataset` attribute, the calls reaching the dataset
+within CALLER_DEPTH frames) is pinned by tests/test_dispatch.py against the installed release,
+which CI runs with the newest Accelerate and an older one (pyproject.toml's test extra)."""
 
 from __future__ import annotations
 

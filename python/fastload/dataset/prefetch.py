@@ -3,6 +3,7 @@ taking back each filled batch, in order."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Tuple
 
 import numpy as np
@@ -32,7 +33,6 @@ class Pass:
         self.held: dict = {}  # slot -> buffer, for the buffers the prefetcher holds
         self.depth = prefetch
         self.closed = False
-        pool.active = self
 
     def short(self) -> bool:
         """Whether the prefetcher holds fewer buffers than it should."""
@@ -51,9 +51,9 @@ class Pass:
 
     def next(self) -> Tuple[int, torch.Tensor, torch.Tensor]:
         """The next batch's number, images and labels, lent to the caller. In a `for` loop the
-        finalizer has already handed the last batch's buffer back, so the pool is polled only
-        when the prefetcher is short of buffers and taking a ready batch costs little more
-        than the Rust call."""
+        finalizer has already handed the last batch's buffer back (`_let_go`), so the pool is
+        polled only when the prefetcher is short of buffers and taking a ready batch costs
+        little more than the Rust call."""
         if self.short():
             self.pool.reclaim()
             while self.short():
@@ -67,15 +67,22 @@ class Pass:
         if self.pool.worker:
             self.prefetcher.retire(slot)  # the batch leaves for the main process
         images = buf.images[:n]
-        self.pool.lend(buf, images)
+        if not self.pool.worker:
+            self.pool.lend(buf)
+            weakref.finalize(images, self._let_go, buf).atexit = False
         return batch, images, buf.labels[:n]
+
+    def _let_go(self, buf: Buffer) -> None:
+        """The images tensor of a lent batch is going: a buffer nothing else holds goes straight
+        to the prefetcher if it is short of buffers (it gathers ahead during the user's step),
+        else back to the pool, where this pass or a later one takes it."""
+        if self.pool.let_go(buf) and not self.adopt(buf):
+            self.pool.give_back(buf)
 
     def close(self) -> None:
         """Joins the threads, then returns the buffers they held (never handed out) to the pool."""
         self.closed = True
         self.prefetcher.close()
-        if self.pool.active is self:
-            self.pool.active = None
         held, self.held = list(self.held.values()), {}
         for buf in held:
             self.pool.give_back(buf)
