@@ -63,7 +63,7 @@ def memcpy_limit(rows: List[dict]) -> Optional[dict]:
         "method": fastest["method"] if len(copies) == 1 else "memcpy, the faster copy of each round",
         "kind": "limit",
         "images_per_s": rate,
-        "gb_per_s": fastest["gb_per_s"] * rate / fastest["images_per_s"],
+        "gb_per_s": fastest["gb_per_s"] * rate / fastest["images_per_s"] if "gb_per_s" in fastest else None,
         "per_round": best,
     }
 
