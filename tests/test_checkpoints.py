@@ -275,6 +275,11 @@ HOSTILE = {
     "optimizer without its groups": (lambda c: c["optimizer"].pop("param_groups"), "optimizer: "),
     "scaler not a dict": (_set("scaler", []), "its scaler is a list"),
     "no stores": (lambda c: c.pop("stores"), "it has no stores"),
+    "run not a dict": (_set("run", [1]), "its run is not a name and named options"),
+    "run options not named": (
+        lambda c: c["run"].update(options={1: 2}),
+        "its run is not a name and named options",
+    ),
     "stores without fingerprints": (
         lambda c: c["stores"].update(store={"path": 1}),
         "its stores are not a path and a fingerprint",
@@ -329,6 +334,35 @@ def test_resuming_a_run_past_its_epochs_is_refused(store_path, tmp_path):
     fit(store_path, checkpoint=checkpoint, **SHARED)  # 2 epochs finished
     with pytest.raises(ValueError, match="has finished 2 epochs, more than the 1 of this run"):
         fit(store_path, resume=checkpoint, **{**SHARED, "epochs": 1})
+
+
+SAME_SEED_RUNS = [dict(name="run0", lr=1e-3), dict(name="run1", lr=2e-3)]  # differing only in lr
+
+
+@pytest.mark.parametrize("runs", [SAME_SEED_RUNS, [dict(name="run0"), dict(name="run1")]], ids=["lr", "name"])
+def test_a_group_resume_refuses_swapped_checkpoints_naming_both_runs(runs, store_path, tmp_path):
+    """Swapped, each run would continue the other's weights and optimizer state, and the table
+    would credit the results to the wrong learning rate; runs alike but for their name too."""
+    fastload.fit_many(store_path, runs, checkpoint=tmp_path, max_steps=2, **SHARED)
+    run0, run1 = tmp_path / "run0.ckpt", tmp_path / "run1.ckpt"
+    os.rename(run0, tmp_path / "swap")
+    os.rename(run1, run0)
+    os.rename(tmp_path / "swap", run1)
+    lr = " (lr 0.002)" if runs is SAME_SEED_RUNS else ""
+    with pytest.raises(ValueError) as refused:
+        fastload.fit_many(store_path, runs, resume=tmp_path, max_steps=4, **SHARED)
+    assert str(refused.value) == (
+        f"resume {run0}: the checkpoint was written by run run1{lr}, not by this run run0"
+        f"{lr and ' (lr 0.001)'}; resume each run from its own checkpoint"
+    )
+
+
+def test_a_checkpoint_records_its_run_and_every_option(store_path, tmp_path):
+    fastload.fit_many(store_path, SAME_SEED_RUNS, checkpoint=tmp_path, max_steps=2, **SHARED)
+    run = torch.load(tmp_path / "run1.ckpt", weights_only=True)["run"]
+    assert run["name"] == "run1"
+    assert run["options"]["lr"] == 2e-3 and run["options"]["seed"] == 0 and run["options"]["max_steps"] == 2
+    assert run["options"]["checkpoint"] == os.fspath(tmp_path / "run1.ckpt")
 
 
 # ---------------------------------------------------------------- load_group on its own

@@ -128,7 +128,29 @@ def _structure_problem(checkpoint: dict) -> Optional[str]:
     for i, metrics in enumerate(history):
         if not (isinstance(metrics, dict) and metrics.get("epoch") == i + 1 and figure in metrics):
             return f"history entry {i} is not the metrics of epoch {i + 1}"
-    return _stores_problem(checkpoint) or _partial_problem(checkpoint) or _rng_problem(checkpoint["rng"])
+    return (
+        _run_problem(checkpoint)
+        or _stores_problem(checkpoint)
+        or _partial_problem(checkpoint)
+        or _rng_problem(checkpoint["rng"])
+    )
+
+
+def _run_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the record of the run that wrote a checkpoint (its name and options,
+    compared by the trainer with the run resuming it), or None; checkpoints from before it
+    existed have none."""
+    run = checkpoint.get("run")
+    if run is None:
+        return None
+    if not (
+        isinstance(run, dict)
+        and (run.get("name") is None or isinstance(run.get("name"), str))
+        and isinstance(run.get("options"), dict)
+        and all(isinstance(name, str) for name in run["options"])
+    ):
+        return "its run is not a name and named options"
+    return None
 
 
 def _stores_problem(checkpoint: dict) -> Optional[str]:
