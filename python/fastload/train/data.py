@@ -118,6 +118,11 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         raise ValueError(f"no training records left in {train_store.path} after the validation split")
 
     train_mono = val_mono = None
+    if val is None and config.val_monotone_inputs is not None:
+        raise ValueError(
+            "val_monotone_inputs are the inputs of a separate validation store (val); without one the "
+            "validation records are the store's own and take its monotone_inputs: drop val_monotone_inputs"
+        )
     if config.monotone_inputs is not None:
         train_mono = load_monotone_inputs(config.monotone_inputs, len(train_store))
         if val is None:
