@@ -586,6 +586,64 @@ def test_a_file_that_is_no_checkpoint_is_named_with_what_it_is(saved_mid_epoch, 
         )
 
 
+def _train_in_a_child(argv: list, seconds: int = 120) -> subprocess.CompletedProcess:
+    """`fastload ARGV` in a child process, killed past ``seconds``: a read that blocks on a
+    named pipe fails the test instead of hanging the suite."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastload", *argv], capture_output=True, text=True, timeout=seconds
+    )
+
+
+def test_a_resume_that_is_a_named_pipe_is_refused_without_blocking(store_path, tmp_path):
+    fifo = tmp_path / "run.ckpt"
+    os.mkfifo(fifo)
+    child = _train_in_a_child(
+        ["train", os.fspath(store_path), "--device", "cpu", "--resume", os.fspath(fifo)]
+    )
+    assert child.returncode == 1
+    assert child.stderr == (
+        f"fastload train: error: {fifo}: not a regular file (a named pipe); the checkpoint must be a file\n"
+    )
+
+
+GROUP_WITH_A_PIPE = """
+import os, sys, fastload
+folder = sys.argv[2]
+fastload.fit_many(sys.argv[1], {runs!r}, checkpoint=folder, max_steps=2, **{options!r})
+os.replace(os.path.join(folder, "run1.ckpt"), os.path.join(folder, "run1.ckpt.keep"))
+fastload.fit_many(sys.argv[1], {runs!r}, checkpoint=folder, max_steps=4, **{options!r})
+os.replace(os.path.join(folder, "run1.ckpt.keep"), os.path.join(folder, "run1.ckpt"))
+os.mkfifo(os.path.join(folder, "run0.ckpt.previous"))  # run0 at step 4, run1 at 2: .previous is read
+try:
+    fastload.fit_many(sys.argv[1], {runs!r}, resume=folder, max_steps=6, **{options!r})
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_a_groups_previous_checkpoint_that_is_a_named_pipe_is_refused_without_blocking(store_path, tmp_path):
+    script = GROUP_WITH_A_PIPE.format(runs=RUNS, options=EVERY_2)
+    child = subprocess.run(
+        [sys.executable, "-c", script, os.fspath(store_path), os.fspath(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    previous = tmp_path / "run0.ckpt.previous"
+    assert child.stdout == f"{previous}: not a regular file (a named pipe); the checkpoint must be a file\n"
+
+
+def test_an_empty_checkpoint_is_named_as_empty(store_path, tmp_path, capsys):
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    argv = ["train", os.fspath(store_path), "--device", "cpu", "--resume", os.fspath(empty)]
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"fastload train: error: {empty}: an empty file, not a fastload training checkpoint; "
+        "resume from a file --checkpoint wrote\n"
+    )
+
+
 class _MakesAFolder:
     """Unpickled by a full pickle load, it creates a folder: code a checkpoint must not run."""
 
