@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastload.cli.args import positive_int
 from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS_FILE_BYTES, SCHEDULES, TASKS
 
 
@@ -97,7 +96,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     runs = p.add_mutually_exclusive_group()
     runs.add_argument(
         "--runs",
-        type=positive_int,
+        type=train_option("runs"),
         metavar="N",
         help="train N models at once on one stream of batches; per-run flags (--lr, --seed, --schedule, "
         "--weight-decay, --backbone, --num-features, --lattice-size) then take comma lists of N values "

@@ -18,7 +18,7 @@ from fastload._checks import INT_STATE_LIMIT, fspath, is_int
 from fastload.augment import Augment
 from fastload.inspect import usable_cores
 from fastload.monotonic.lattice import check_lattice_size
-from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
+from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS, SCHEDULES, TASKS
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_checkpoint_path
 from fastload.train.models import MonotonicRegressor
@@ -220,6 +220,7 @@ def _integer_bounds() -> dict:
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
         "size": (8, MAX_SIZE, "a larger image does not fit a backbone's memory"),
+        "runs": (1, MAX_RUNS, "the most runs a group trains at once; train the others as another group"),
         "seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
         "data_seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
     }
