@@ -266,3 +266,16 @@ def test_an_error_other_than_out_of_memory_during_the_upload_is_not_called_one(s
 def test_a_device_store_says_what_it_holds_and_where(store_path):
     resident = DeviceStore(store_path, "cpu", indices=range(10), reserve_bytes=0, progress=False)
     assert repr(resident) == f"DeviceStore({str(store_path)!r}, 10 records on cpu, 0.000 GB)"
+
+
+@pytest.mark.safety
+def test_records_larger_than_the_device_are_refused_before_torch_shapes_them(tmp_path):
+    """An empty store of 2**31 x 2**31 x 3 records made torch fail "Stride calculation overflowed"."""
+    path = tmp_path / "wide.fastload"
+    with StoreWriter(path, (2**31, 2**31, 3)):
+        pass
+    with pytest.raises(MemoryError) as refused:
+        DeviceStore(path, "cpu")
+    assert str(refused.value).startswith(
+        f"{path}: one record of 2147483648x2147483648x3 takes 13,835,058,055.282 GB, more than the"
+    )

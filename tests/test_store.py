@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import fastload
 import fastload.inspect
-from fastload import Store, StoreError, StoreWriter
+from fastload import Store, StoreError, StoreWriter, cli
 from fastload.dataset import FastLoadDataset
 from fastload.inspect import info as info_store
 from fastload.inspect import verify as verify_store
@@ -452,6 +452,20 @@ def test_info_and_memory_plan(store_path):
     plan = fastload.inspect.memory_plan(250_000, (384, 384, 3), ram_bytes=192 * 10**9)
     assert plan["uint8_bytes"] == 110_594_000_000
     assert plan["fit_in_ram_float32"] == 192 * 10**9 // (384 * 384 * 12 + 8)
+
+
+@pytest.mark.safety
+def test_memory_plans_of_shapes_past_int64_count_in_python_ints(tmp_path, capsys):
+    """np.prod wrapped: `bench --images 5 --size 3037000500` planned -46,116,860,182 GB, and
+    `info` said an empty store of 2**31 x 2**31 x 3 records holds -1 images."""
+    plan = fastload.inspect.memory_plan(5, (3_037_000_500, 3_037_000_500, 3), ram_bytes=10**12)
+    assert plan["uint8_bytes"] == 5 * (3 * 3_037_000_500**2 + 8) and plan["fit_in_ram_uint8"] == 0
+    path = tmp_path / "wide.fastload"
+    with StoreWriter(path, (2**31, 2**31, 3)):
+        pass  # no record: a valid store whose records no machine could hold
+    assert cli.main(["info", os.fspath(path)]) == 0
+    out = capsys.readouterr().out
+    assert "holds 0 images as uint8, 0 as float32" in out and "-" not in out.split("RAM holds")[1]
 
 
 def test_fingerprint_is_the_records_not_the_file(tmp_path):
