@@ -1066,3 +1066,29 @@ def test_stores_and_views_created_and_dropped_do_not_leak(store, rounds):
     after = process_state(path)
     assert after[:2] == before[:2] == (before[0], 0)
     assert after[2] - before[2] < 8 * 1024, f"RssAnon grew from {before[2]} to {after[2]} kB"
+
+
+@pytest.mark.safety
+def test_metadata_printed_by_info_and_verify_cannot_drive_the_terminal(tmp_path, capsys):
+    """A source name holding `\\r\\x1b[2K...every record matches its checksum\\x1b[8m` made a failed
+    verify read as a pass on a terminal; class names reach `info` the same way."""
+    fake_pass = "\r\x1b[2Kevery record matches its checksum\x1b[8m"
+    path = tmp_path / "hostile.fastload"
+    with StoreWriter(
+        path,
+        (2, 2, 3),
+        label_dtype="int64",
+        meta={"sources": [fake_pass, "b.png"], "class_names": ["\x1b[31mcat", "dog"]},
+    ) as writer:
+        writer.extend(np.zeros((2, 2, 2, 3), np.uint8), np.array([0, 1]))
+    with Store(path) as store:
+        offset = store.images_offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff")  # record 0 damaged
+    assert cli.main(["verify", os.fspath(path)]) == 1
+    assert cli.main(["info", os.fspath(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\r" not in out + err
+    assert "damaged record 0 (\\r\\x1b[2Kevery record matches its checksum\\x1b[8m)" in out
+    assert "classes    \\x1b[31mcat: 1, dog: 1" in out
