@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from fastload import cli, demo
 
 
@@ -42,3 +44,48 @@ def test_cli_exits_1_and_says_why_when_the_model_misses_and_keeps_dir(tmp_path, 
     # --dir keeps the work: images, labels and the packed store.
     assert (tmp_path / "demo.fastload").is_file() and (tmp_path / "labels.csv").is_file()
     assert len(list((tmp_path / "images").glob("*.bmp"))) == 120
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    "users",
+    [["images/demo_00000.jpg", "labels.csv"], ["notes.txt"]],
+    ids=["named-like-the-demos", "any-other-file"],
+)
+def test_a_dir_holding_the_users_files_is_refused_and_left_as_it_was(users, tmp_path, capsys):
+    """The demo removed every images/demo_* file and replaced labels.csv, whoever wrote them."""
+    for name in users:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("the user's")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    status = cli.main(["demo", "--dir", os.fspath(tmp_path), "--quick", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status == 1 and err.startswith(
+        f"fastload demo: error: demo folder {tmp_path} holds files the demo did not make ("
+    )
+    assert err.endswith("give another --dir\n") and len(err.splitlines()) == 1
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+    assert all((tmp_path / name).read_text() == "the user's" for name in users)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_a_dir_an_earlier_demo_made_is_reused_and_only_its_images_removed(tmp_path, monkeypatch):
+    def stop(*args, **kwargs):
+        raise _Stopped
+
+    monkeypatch.setattr(demo, "make_photos", stop)  # the run stops once the folder is claimed
+    with pytest.raises(_Stopped):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fastload-demo"]  # new: marked as the demo's
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "demo_00007.bmp").write_bytes(b"an earlier demo's")
+    (tmp_path / "labels.csv").write_text("an earlier demo's")
+    with pytest.raises(_Stopped):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    assert list((tmp_path / "images").iterdir()) == []
+    (tmp_path / "mine.txt").write_text("the user's")
+    with pytest.raises(ValueError, match=r"holds files the demo did not make \(mine\.txt\)"):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
