@@ -1092,3 +1092,21 @@ def test_metadata_printed_by_info_and_verify_cannot_drive_the_terminal(tmp_path,
     assert "\x1b" not in out + err and "\r" not in out + err
     assert "damaged record 0 (\\r\\x1b[2Kevery record matches its checksum\\x1b[8m)" in out
     assert "classes    \\x1b[31mcat: 1, dog: 1" in out
+
+
+def test_info_on_a_csv_says_it_is_not_a_store(tmp_path, capsys):
+    """A short file that is no store was reported as "truncated"; an empty one still is."""
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\na.png,1\n")
+    assert cli.main(["info", os.fspath(csv)]) == 1
+    assert capsys.readouterr().err == f"fastload info: error: {csv}: bad magic bytes: not a fastload store\n"
+
+
+def test_info_counts_nan_labels_apart_from_the_numbers(tmp_path, capsys):
+    """It printed "min nan max nan mean nan", whatever the other labels were."""
+    path = tmp_path / "nan.fastload"
+    with StoreWriter(path, (2, 2, 3)) as writer:
+        writer.extend(np.zeros((4, 2, 2, 3), np.uint8), np.array([1.0, np.nan, 3.0, np.nan]))
+    assert cli.main(["info", os.fspath(path)]) == 0
+    assert "labels     min 1  max 3  mean 2; 2 NaN (not a number)\n" in capsys.readouterr().out
+    assert fastload.inspect.info(path)["labels"] == {"min": 1.0, "max": 3.0, "mean": 2.0, "nan": 2}

@@ -218,9 +218,13 @@ def open_regular_file(path: PathLike, limit: int, what: str) -> BinaryIO:
     regular file of at most ``limit`` bytes, checked on the opened file: a named pipe is opened
     without waiting and refused, never read (``torch.load`` or ``np.load`` given the path
     would block on it forever). ValueError naming the path otherwise; a missing file is
-    FileNotFoundError. For readers that take a file; :func:`read_regular_file` reads it whole."""
+    FileNotFoundError (and any other failure to open it its OSError) naming the ``what`` and
+    the path. For readers that take a file; :func:`read_regular_file` reads it whole."""
     path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # named, without Python's "[Errno 2] ...: 'path'"
+        raise type(exc)(f"{what} {path}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -234,6 +234,17 @@ def _class_counts(labels: np.ndarray, names: Optional[list]) -> Dict[str, int]:
     return dict(zip(keys, counts.tolist()))
 
 
+def _label_range(labels: np.ndarray) -> dict:
+    """min, max and mean of the labels that are numbers (None when none is), and ``nan``, how
+    many are NaN: 'min nan max nan mean nan' told nothing of the others (and NaN is no JSON)."""
+    missing = np.isnan(labels) if labels.dtype.kind == "f" else np.zeros(len(labels), bool)
+    numbers = labels[~missing]
+    stats = {key: None for key in ("min", "max", "mean")}
+    if len(numbers):
+        stats = {"min": float(numbers.min()), "max": float(numbers.max()), "mean": float(numbers.mean())}
+    return {**stats, "nan": int(missing.sum())}
+
+
 #: Distinct values of whole-number labels without class names that `info` counts one by one.
 MAX_VALUES_COUNTED = 20
 
@@ -253,7 +264,7 @@ def info(path: PathLike) -> dict:
         elif store.label_dtype == np.int64 and names is not None:
             stats = {"classes": _class_counts(labels, names)}
         else:
-            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
+            stats = _label_range(labels)
             if store.label_dtype == np.int64:
                 distinct = len(np.unique(labels))
                 stats["distinct"] = distinct

@@ -49,9 +49,12 @@ def summary_lines(summary: dict) -> List[str]:
     if "classes" in labels:
         lines.append("classes    " + ", ".join(f"{k}: {v:,}" for k, v in labels["classes"].items()))
     elif labels:
-        lines.append(
-            f"labels     min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}"
-        )
+        nan = f"{labels['nan']:,} NaN (not a number)" if labels["nan"] else ""
+        if labels["min"] is None:
+            lines.append(f"labels     all {nan}")
+        else:
+            numbers = f"min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}"
+            lines.append(f"labels     {numbers}" + (f"; {nan}" if nan else ""))
     if "distinct" in labels:
         counts = ", ".join(f"{k}: {v:,}" for k, v in labels.get("values", {}).items())
         lines.append(
