@@ -89,3 +89,13 @@ def test_a_dir_an_earlier_demo_made_is_reused_and_only_its_images_removed(tmp_pa
     (tmp_path / "mine.txt").write_text("the user's")
     with pytest.raises(ValueError, match=r"holds files the demo did not make \(mine\.txt\)"):
         demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    # A link named like the demo's images folder is not followed to a folder of the user's.
+    (tmp_path / "mine.txt").unlink()
+    (tmp_path / "images").rmdir()
+    users = tmp_path.parent / f"{tmp_path.name}-users"
+    users.mkdir()
+    (users / "demo_00001.jpg").write_text("the user's")
+    (tmp_path / "images").symlink_to(users)
+    with pytest.raises(ValueError, match=r"holds files the demo did not make \(images\)"):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    assert (users / "demo_00001.jpg").read_text() == "the user's"

@@ -157,7 +157,11 @@ def claim_folder(root: Path) -> None:
         (root / DEMO_MARK).write_text("made by `fastload demo`: everything in this folder is the demo's\n")
         return
     marked = os.path.isfile(root / DEMO_MARK) and not os.path.islink(root / DEMO_MARK)
-    foreign = sorted(found) if not marked else sorted(p for p in found if not DEMO_FILES.fullmatch(p))
+    # The demo makes no links: one named like its files (images -> a folder of the user's) is
+    # foreign too, or the removal below would follow it.
+    foreign = sorted(
+        p for p in found if not (marked and DEMO_FILES.fullmatch(p) and not os.path.islink(root / p))
+    )
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
         raise ValueError(
