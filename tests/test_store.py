@@ -1078,7 +1078,7 @@ def test_metadata_printed_by_info_and_verify_cannot_drive_the_terminal(tmp_path,
         path,
         (2, 2, 3),
         label_dtype="int64",
-        meta={"sources": [fake_pass, "b.png"], "class_names": ["\x1b[31mcat", "dog"]},
+        meta={"sources": [fake_pass, "b.png"], "class_names": ["\x1b[31mcat", "dog\nrecords    999 images"]},
     ) as writer:
         writer.extend(np.zeros((2, 2, 2, 3), np.uint8), np.array([0, 1]))
     with Store(path) as store:
@@ -1091,7 +1091,7 @@ def test_metadata_printed_by_info_and_verify_cannot_drive_the_terminal(tmp_path,
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and "\r" not in out + err
     assert "damaged record 0 (\\r\\x1b[2Kevery record matches its checksum\\x1b[8m)" in out
-    assert "classes    \\x1b[31mcat: 1, dog: 1" in out
+    assert "classes    \\x1b[31mcat: 1, dog\\nrecords    999 images: 1" in out  # no line of its own
 
 
 def test_info_on_a_csv_says_it_is_not_a_store(tmp_path, capsys):

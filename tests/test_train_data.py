@@ -174,6 +174,18 @@ def test_monotone_inputs_whose_header_claims_more_than_the_file_holds_are_refuse
     )
 
 
+@pytest.mark.safety
+def test_monotone_inputs_holding_python_objects_are_refused_as_such(store_path, tmp_path):
+    pickled = tmp_path / "objects.npy"
+    np.save(pickled, np.array([object()] * COUNT, dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError) as refused:
+        fit(store_path, monotone_inputs=pickled, **FAST)
+    assert (
+        str(refused.value)
+        == f"{pickled}: it holds Python objects (a pickle), not numbers; save an array of numbers"
+    )
+
+
 def test_the_stream_augments_at_the_runs_size_and_data_seed(store_path, monkeypatch):
     """The config's Augment, parsed once, is bound to the run's size and data seed: the same
     augmentation as one parsed with them, for the training batches only."""

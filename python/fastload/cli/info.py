@@ -8,7 +8,7 @@ import json
 from typing import List
 
 from fastload import inspect
-from fastload.pack.display import terminal_text
+from fastload.pack.display import printable
 from fastload.progress import gigabytes
 
 
@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))  # JSON escapes every control character
         return 0
-    print(terminal_text("\n".join(summary_lines(summary))))  # class names and paths come from the file
+    for line in summary_lines(summary):  # class names and paths come from the file: escaped,
+        print(printable(line))  # a line break among them included, so none can fake a line
     return 0
 
 

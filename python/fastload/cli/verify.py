@@ -8,7 +8,7 @@ import sys
 from fastload import inspect
 from fastload import store as store_mod
 from fastload.cli.args import positive_int
-from fastload.pack.display import terminal_text
+from fastload.pack.display import printable
 
 
 def add_parser(commands) -> None:
@@ -31,9 +31,9 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     damaged = inspect.verify(args.store, limit=args.limit)
-    store = terminal_text(args.store)
+    store = printable(args.store)
     for index, source in damaged:  # a source name is the store's metadata: escaped, it cannot fake a pass
-        print(f"damaged record {index}" + (f" ({terminal_text(source)})" if source else ""))
+        print(f"damaged record {index}" + (f" ({printable(source)})" if source else ""))
     if damaged.total > len(damaged):
         print(f"... and {damaged.total - len(damaged):,} more damaged records")
     if damaged.total:

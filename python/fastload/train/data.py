@@ -326,6 +326,8 @@ def read_npy(path: str) -> np.ndarray:
         shape, _, dtype = NPY_HEADERS[version](file)
     except ValueError as exc:
         raise ValueError(f"{path}: not a .npy array of numbers ({exc})") from None
+    if dtype.hasobject:
+        raise ValueError(f"{path}: it holds Python objects (a pickle), not numbers; save an array of numbers")
     declared, held = math.prod(shape) * dtype.itemsize, len(data) - file.tell()
     if declared != held:
         raise ValueError(
