@@ -197,9 +197,16 @@ impl Header {
 
     /// Decodes and validates a header against the actual file length.
     ///
-    /// Checks, in order: length of the buffer, magic, version, header checksum,
+    /// Checks, in order: the magic as far as the buffer holds it, length of the buffer, magic,
+    /// version, header checksum,
     /// reserved bytes, shape and dtypes, stride, and every section's bounds.
     pub fn decode(bytes: &[u8], actual_file_length: u64) -> Result<Header, FormatError> {
+        // A short file that does not start as a store (a CSV, a text) is not a store, not a
+        // truncated one; an empty file, or a store cut inside its header, is truncated.
+        let held = bytes.len().min(MAGIC.len());
+        if bytes[..held] != MAGIC[..held] {
+            return Err(FormatError::Magic);
+        }
         if bytes.len() < HEADER_SIZE || actual_file_length < HEADER_SIZE as u64 {
             return Err(FormatError::Truncated(format!(
                 "the file is {actual_file_length} bytes, shorter than the {HEADER_SIZE}-byte header"
@@ -612,6 +619,10 @@ mod tests {
         expect(&zeros, HEADER_SIZE as u64, |e| {
             matches!(e, FormatError::Magic)
         });
+        // A short file that is no store (a CSV) is named as no store, not as a truncated one.
+        let csv = b"path,label\na.png,1\n";
+        expect(csv, csv.len() as u64, |e| matches!(e, FormatError::Magic));
+        expect(b"", 0, |e| matches!(e, FormatError::Truncated(_)));
         // A file shorter than a header says so, whatever bytes the caller holds.
         let h = sample();
         let message = Header::decode(&h.encode(), 100).unwrap_err().to_string();

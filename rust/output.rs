@@ -22,7 +22,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -396,6 +396,29 @@ impl PendingFile {
     }
 
     fn publish(&self) -> Result<()> {
+        // The temporary path must still name the file written: one replaced meanwhile (by a
+        // symbolic link, or another file) would be installed in its place by the rename.
+        if std::fs::symlink_metadata(&self.temp).is_err() {
+            return Err(Error::io(
+                &self.dest,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "its folder was moved or removed while it was written; nothing was replaced",
+                ),
+            ));
+        }
+        if !self
+            .file
+            .as_ref()
+            .is_some_and(|file| still_names(&self.temp, file))
+        {
+            return Err(Error::Value(format!(
+                "{} {}: its temporary file {} was replaced while it was written; nothing was replaced",
+                self.what,
+                self.dest.display(),
+                self.temp.display()
+            )));
+        }
         if self.overwrite {
             if resolve_target(&self.dest, &self.what)? != self.target {
                 return Err(Error::Value(format!(
@@ -406,7 +429,10 @@ impl PendingFile {
                 )));
             }
             if let Some(replaced) = check_replaceable(&self.dest, &self.target, &self.what)? {
-                std::fs::set_permissions(&self.temp, replaced.permissions())
+                // The replaced file's mode, but never its setuid or setgid bit: a new program
+                // or file must not inherit the privileges the old one was granted.
+                let mode = replaced.mode() & 0o7777 & !(libc::S_ISUID | libc::S_ISGID);
+                std::fs::set_permissions(&self.temp, std::fs::Permissions::from_mode(mode))
                     .map_err(|e| Error::io(&self.dest, e))?;
             }
             return std::fs::rename(&self.temp, &self.target).map_err(|e| Error::io(&self.dest, e));
@@ -432,12 +458,28 @@ impl PendingFile {
 }
 
 impl Drop for PendingFile {
-    /// Removes the temporary file, then closes it (releasing the lock).
+    /// Removes the temporary file, then closes it (releasing the lock). A temporary file
+    /// that moved with its folder (the folder renamed while it was written) is found where
+    /// it is now, through its open descriptor, and removed there.
     fn drop(&mut self) {
-        if !self.temp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.temp);
+        if self.temp.as_os_str().is_empty() {
+            return;
+        }
+        let gone = std::fs::remove_file(&self.temp)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        if let (true, Some(file)) = (gone, &self.file) {
+            if let Some(moved) = current_path(file) {
+                if moved.file_name() == self.temp.file_name() && still_names(&moved, file) {
+                    let _ = std::fs::remove_file(&moved);
+                }
+            }
         }
     }
+}
+
+/// Where the file open as `file` is now (Linux's `/proc/self/fd`), if it still has a name.
+fn current_path(file: &File) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
 }
 
 fn already_exists(dest: &Path) -> Error {

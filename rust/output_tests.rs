@@ -374,3 +374,46 @@ fn a_long_name_that_is_not_utf8_still_gets_a_temporary_name() {
     write(&path, b"new", false).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"new");
 }
+
+#[test]
+fn a_temporary_file_replaced_by_a_link_is_not_published() {
+    for overwrite in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, secret) = (dir.path().join("a"), dir.path().join("secret"));
+        std::fs::write(&secret, b"someone else's").unwrap();
+        let pending = PendingFile::create(&path, "output", overwrite).unwrap();
+        pending.file().unwrap().write_all(b"new").unwrap();
+        std::fs::remove_file(pending.temp()).unwrap();
+        std::os::unix::fs::symlink(&secret, pending.temp()).unwrap();
+        let message = pending.commit().unwrap_err().to_string();
+        assert!(
+            message.contains("was replaced while it was written"),
+            "{message}"
+        );
+        assert!(!path.exists() && std::fs::read(&secret).unwrap() == b"someone else's");
+    }
+}
+
+#[test]
+fn a_replaced_files_setuid_and_setgid_bits_are_not_kept() {
+    let (_dir, path) = folder_with_a_file();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    write(&path, b"new", true).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o755);
+}
+
+#[test]
+fn a_temporary_file_whose_folder_moved_away_is_removed_where_it_went() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("runs")).unwrap();
+    let pending = PendingFile::create(&dir.path().join("runs/a"), "output", true).unwrap();
+    pending.file().unwrap().write_all(b"new").unwrap();
+    std::fs::rename(dir.path().join("runs"), dir.path().join("moved")).unwrap();
+    let message = pending.commit().unwrap_err().to_string();
+    assert!(
+        message.contains("its folder was moved or removed"),
+        "{message}"
+    );
+    assert!(dir_entries(&dir.path().join("moved")).is_empty());
+}

@@ -23,8 +23,6 @@ pub struct StoreWriter {
     dest: PathBuf,
     /// The temporary file by the output rule (`rust/output.rs`); None once committed.
     output: Option<PendingFile>,
-    /// Its path, which errors while writing name.
-    temp: PathBuf,
     /// The writer over a second descriptor of the temporary file (sharing its lock).
     out: Option<DirectWriter>,
     shape: (u32, u32, u32),
@@ -50,20 +48,19 @@ impl StoreWriter {
         // Validates the shape with the same rules a reader applies.
         Header::new(0, shape, label_dtype, 0).map_err(|e| Error::Value(e.to_string()))?;
         let output = PendingFile::create(&dest, "store", overwrite)?;
-        let temp = output.temp().to_path_buf();
+        // Errors name the destination the user chose, never the hidden temporary file.
         let file = output
             .file()?
             .try_clone()
-            .map_err(|e| Error::io(&temp, e))?;
+            .map_err(|e| Error::io(&dest, e))?;
         let mut out = DirectWriter::new(file, 8 << 20);
         out.write_all(&[0u8; HEADER_SIZE])
-            .map_err(|e| Error::io(&temp, e))?;
+            .map_err(|e| Error::io(&dest, e))?;
         let image_len = image_bytes(shape.0, shape.1, shape.2).unwrap() as usize;
         let stride = Header::new(1, shape, label_dtype, 0).unwrap().stride as usize;
         Ok(StoreWriter {
             dest,
             output: Some(output),
-            temp,
             out: Some(out),
             shape,
             label_dtype,
@@ -102,12 +99,12 @@ impl StoreWriter {
                 self.shape
             )));
         }
-        let temp = self.temp.clone();
+        let dest = self.dest.clone();
         let padding = std::mem::take(&mut self.padding);
         let written = (|| {
             let out = self.out()?;
-            out.write_all(image).map_err(|e| Error::io(&temp, e))?;
-            out.write_all(&padding).map_err(|e| Error::io(&temp, e))
+            out.write_all(image).map_err(|e| Error::io(&dest, e))?;
+            out.write_all(&padding).map_err(|e| Error::io(&dest, e))
         })();
         self.padding = padding;
         written?;
@@ -191,8 +188,8 @@ impl StoreWriter {
             meta_json.len() as u64,
         )
         .map_err(|e| Error::format(&self.dest, e))?;
-        let temp = self.temp.clone();
-        let io = |e| Error::io(&temp, e);
+        let dest = self.dest.clone();
+        let io = |e| Error::io(&dest, e);
         let labels = std::mem::take(&mut self.labels);
         let checksums = std::mem::take(&mut self.checksums);
         let mut out = self
@@ -223,6 +220,14 @@ impl StoreWriter {
 
     /// Throws away everything written so far; the destination is untouched.
     pub fn discard(self) {}
+}
+
+#[cfg(test)]
+impl StoreWriter {
+    /// The temporary file being written.
+    fn temp(&self) -> &Path {
+        self.output.as_ref().unwrap().temp()
+    }
 }
 
 #[cfg(test)]
@@ -368,7 +373,7 @@ mod tests {
         let refuse_links = |w: &StoreWriter, links: &Path| {
             std::fs::create_dir(links).unwrap();
             for n in 0..70_000 {
-                match std::fs::hard_link(&w.temp, links.join(n.to_string())) {
+                match std::fs::hard_link(w.temp(), links.join(n.to_string())) {
                     Ok(()) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EMLINK) => return true,
                     Err(e) => panic!("{e}"),
@@ -420,9 +425,9 @@ mod tests {
             StoreWriter::create(path, (2, 3, 1), LabelDtype::Float64, overwrite).unwrap();
         let mut second =
             StoreWriter::create(path, (2, 3, 1), LabelDtype::Float64, overwrite).unwrap();
-        assert_ne!(first.temp, second.temp);
+        assert_ne!(first.temp(), second.temp());
         // The second writer's cleanup left the first one's locked partial alone.
-        assert!(first.temp.exists() && second.temp.exists());
+        assert!(first.temp().exists() && second.temp().exists());
         for i in 0..3u8 {
             first.append(&[i; 6], [1; 8]).unwrap();
             second.append(&[i + 100; 6], [2; 8]).unwrap();

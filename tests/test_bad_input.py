@@ -16,7 +16,7 @@ import torch
 from fastload import Augment, Store, StoreError, StoreWriter
 from fastload.dataset import FastLoadDataset, split_indices
 from fastload.device import DeviceLoader, to_device
-from fastload.inspect import info, verify
+from fastload.inspect import device_plan, info, verify
 from fastload.pack import pack
 from fastload.preview import save_preview
 
@@ -119,6 +119,12 @@ def read_runs_file(path):
     from fastload.train import read_runs_file
 
     return read_runs_file(path)
+
+
+def bench_run(**kwargs):
+    from fastload import bench
+
+    return bench.run(**kwargs)
 
 
 def demo_run(**kwargs):
@@ -672,6 +678,36 @@ ROWS = [
         ValueError,
         "images must be between",
     ),
+    (
+        "device_plan(1 record of 0 bytes)",
+        lambda f: device_plan(1, 0, torch.device("cpu")),
+        ValueError,
+        "record_bytes >= 1 and reserve_bytes >= 0, not 1, 0 and",
+    ),
+    (
+        "device_plan(reserve_bytes=nan)",
+        lambda f: device_plan(1, 10, torch.device("cpu"), reserve_bytes=float("nan")),
+        ValueError,
+        "not 1, 10 and nan",
+    ),
+    (
+        "bench.run(size_gb=inf)",
+        lambda f: bench_run(size_gb=float("inf"), quick=True),
+        ValueError,
+        "size_gb must be a finite number of GB above 0, not inf",
+    ),
+    (
+        "bench.run(size_gb=1e30)",
+        lambda f: bench_run(size_gb=1e30, quick=True),
+        ValueError,
+        "GB free in",
+    ),
+    (
+        "bench.run(images=5, size=3037000500)",
+        lambda f: bench_run(quick=True, images=5, size=3_037_000_500),
+        ValueError,
+        "size must be between 1 and 65535 pixels (as pack takes), not 3037000500",
+    ),
     # split_indices
     ("split_indices(-1, 0.1)", lambda f: split_indices(-1, 0.1), ValueError, "n must be"),
     ("split_indices(10, 2.0)", lambda f: split_indices(10, 2.0), ValueError, "val_fraction"),
@@ -748,6 +784,13 @@ CLI_ROWS = [
         "size must be a positive int",
     ),
     (["augment-preview", "{store}", "-o", "{dir}/p.png", "--epochs", str(BIG)], 1, "between 1 and 256"),
+    (["bench", "--quick", "--size-gb", "inf"], 1, "size_gb must be a finite number of GB above 0, not inf"),
+    (["bench", "--quick", "--size-gb", "nan"], 1, "size_gb must be a finite number of GB above 0, not nan"),
+    (
+        ["bench", "--quick", "--only", "memcpy", "--images", "5", "--size", "3037000500"],
+        1,
+        "size must be between 1 and 65535 pixels",
+    ),
     ([], 2, "usage"),
     (["nosuchcommand"], 2, "invalid choice"),
     (["info"], 2, "required"),

@@ -275,6 +275,11 @@ HOSTILE = {
     "optimizer without its groups": (lambda c: c["optimizer"].pop("param_groups"), "optimizer: "),
     "scaler not a dict": (_set("scaler", []), "its scaler is a list"),
     "no stores": (lambda c: c.pop("stores"), "it has no stores"),
+    "run not a dict": (_set("run", [1]), "its run is not a name and named options"),
+    "run options not named": (
+        lambda c: c["run"].update(options={1: 2}),
+        "its run is not a name and named options",
+    ),
     "stores without fingerprints": (
         lambda c: c["stores"].update(store={"path": 1}),
         "its stores are not a path and a fingerprint",
@@ -329,6 +334,35 @@ def test_resuming_a_run_past_its_epochs_is_refused(store_path, tmp_path):
     fit(store_path, checkpoint=checkpoint, **SHARED)  # 2 epochs finished
     with pytest.raises(ValueError, match="has finished 2 epochs, more than the 1 of this run"):
         fit(store_path, resume=checkpoint, **{**SHARED, "epochs": 1})
+
+
+SAME_SEED_RUNS = [dict(name="run0", lr=1e-3), dict(name="run1", lr=2e-3)]  # differing only in lr
+
+
+@pytest.mark.parametrize("runs", [SAME_SEED_RUNS, [dict(name="run0"), dict(name="run1")]], ids=["lr", "name"])
+def test_a_group_resume_refuses_swapped_checkpoints_naming_both_runs(runs, store_path, tmp_path):
+    """Swapped, each run would continue the other's weights and optimizer state, and the table
+    would credit the results to the wrong learning rate; runs alike but for their name too."""
+    fastload.fit_many(store_path, runs, checkpoint=tmp_path, max_steps=2, **SHARED)
+    run0, run1 = tmp_path / "run0.ckpt", tmp_path / "run1.ckpt"
+    os.rename(run0, tmp_path / "swap")
+    os.rename(run1, run0)
+    os.rename(tmp_path / "swap", run1)
+    lr = " (lr 0.002)" if runs is SAME_SEED_RUNS else ""
+    with pytest.raises(ValueError) as refused:
+        fastload.fit_many(store_path, runs, resume=tmp_path, max_steps=4, **SHARED)
+    assert str(refused.value) == (
+        f"resume {run0}: the checkpoint was written by run run1{lr}, not by this run run0"
+        f"{lr and ' (lr 0.001)'}; resume each run from its own checkpoint"
+    )
+
+
+def test_a_checkpoint_records_its_run_and_every_option(store_path, tmp_path):
+    fastload.fit_many(store_path, SAME_SEED_RUNS, checkpoint=tmp_path, max_steps=2, **SHARED)
+    run = torch.load(tmp_path / "run1.ckpt", weights_only=True)["run"]
+    assert run["name"] == "run1"
+    assert run["options"]["lr"] == 2e-3 and run["options"]["seed"] == 0 and run["options"]["max_steps"] == 2
+    assert run["options"]["checkpoint"] == os.fspath(tmp_path / "run1.ckpt")
 
 
 # ---------------------------------------------------------------- load_group on its own
@@ -550,6 +584,64 @@ def test_a_file_that_is_no_checkpoint_is_named_with_what_it_is(saved_mid_epoch, 
         assert str(err.value) == (
             f"{tmp_path / name}: not a fastload training checkpoint (fastload-train-checkpoint-1)"
         )
+
+
+def _train_in_a_child(argv: list, seconds: int = 120) -> subprocess.CompletedProcess:
+    """`fastload ARGV` in a child process, killed past ``seconds``: a read that blocks on a
+    named pipe fails the test instead of hanging the suite."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastload", *argv], capture_output=True, text=True, timeout=seconds
+    )
+
+
+def test_a_resume_that_is_a_named_pipe_is_refused_without_blocking(store_path, tmp_path):
+    fifo = tmp_path / "run.ckpt"
+    os.mkfifo(fifo)
+    child = _train_in_a_child(
+        ["train", os.fspath(store_path), "--device", "cpu", "--resume", os.fspath(fifo)]
+    )
+    assert child.returncode == 1
+    assert child.stderr == (
+        f"fastload train: error: {fifo}: not a regular file (a named pipe); the checkpoint must be a file\n"
+    )
+
+
+GROUP_WITH_A_PIPE = """
+import os, sys, fastload
+folder = sys.argv[2]
+fastload.fit_many(sys.argv[1], {runs!r}, checkpoint=folder, max_steps=2, **{options!r})
+os.replace(os.path.join(folder, "run1.ckpt"), os.path.join(folder, "run1.ckpt.keep"))
+fastload.fit_many(sys.argv[1], {runs!r}, checkpoint=folder, max_steps=4, **{options!r})
+os.replace(os.path.join(folder, "run1.ckpt.keep"), os.path.join(folder, "run1.ckpt"))
+os.mkfifo(os.path.join(folder, "run0.ckpt.previous"))  # run0 at step 4, run1 at 2: .previous is read
+try:
+    fastload.fit_many(sys.argv[1], {runs!r}, resume=folder, max_steps=6, **{options!r})
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_a_groups_previous_checkpoint_that_is_a_named_pipe_is_refused_without_blocking(store_path, tmp_path):
+    script = GROUP_WITH_A_PIPE.format(runs=RUNS, options=EVERY_2)
+    child = subprocess.run(
+        [sys.executable, "-c", script, os.fspath(store_path), os.fspath(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    previous = tmp_path / "run0.ckpt.previous"
+    assert child.stdout == f"{previous}: not a regular file (a named pipe); the checkpoint must be a file\n"
+
+
+def test_an_empty_checkpoint_is_named_as_empty(store_path, tmp_path, capsys):
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    argv = ["train", os.fspath(store_path), "--device", "cpu", "--resume", os.fspath(empty)]
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"fastload train: error: {empty}: an empty file, not a fastload training checkpoint; "
+        "resume from a file --checkpoint wrote\n"
+    )
 
 
 class _MakesAFolder:

@@ -55,3 +55,58 @@ def test_photos_without_scikit_image_are_refused_naming_the_install(tmp_path, mo
     with pytest.raises(ValueError, match="images_from must be one of auto, photos, textures, not 'film'"):
         demo.run(workdir=os.fspath(tmp_path / "d"), images_from="film")
     assert not (tmp_path / "d").exists()  # refused before any file was written
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    "users",
+    [["images/demo_00000.jpg", "labels.csv"], ["notes.txt"]],
+    ids=["named-like-the-demos", "any-other-file"],
+)
+def test_a_dir_holding_the_users_files_is_refused_and_left_as_it_was(users, tmp_path, capsys):
+    """The demo removed every images/demo_* file and replaced labels.csv, whoever wrote them."""
+    for name in users:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("the user's")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    status = cli.main(["demo", "--dir", os.fspath(tmp_path), "--quick", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status == 1 and err.startswith(
+        f"fastload demo: error: demo folder {tmp_path} holds files the demo did not make ("
+    )
+    assert err.endswith("give another --dir\n") and len(err.splitlines()) == 1
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+    assert all((tmp_path / name).read_text() == "the user's" for name in users)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_a_dir_an_earlier_demo_made_is_reused_and_only_its_images_removed(tmp_path, monkeypatch):
+    def stop(*args, **kwargs):
+        raise _Stopped
+
+    monkeypatch.setattr(demo, "make_photos", stop)  # the run stops once the folder is claimed
+    with pytest.raises(_Stopped):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fastload-demo"]  # new: marked as the demo's
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "demo_00007.bmp").write_bytes(b"an earlier demo's")
+    (tmp_path / "labels.csv").write_text("an earlier demo's")
+    with pytest.raises(_Stopped):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    assert list((tmp_path / "images").iterdir()) == []
+    (tmp_path / "mine.txt").write_text("the user's")
+    with pytest.raises(ValueError, match=r"holds files the demo did not make \(mine\.txt\)"):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    # A link named like the demo's images folder is not followed to a folder of the user's.
+    (tmp_path / "mine.txt").unlink()
+    (tmp_path / "images").rmdir()
+    users = tmp_path.parent / f"{tmp_path.name}-users"
+    users.mkdir()
+    (users / "demo_00001.jpg").write_text("the user's")
+    (tmp_path / "images").symlink_to(users)
+    with pytest.raises(ValueError, match=r"holds files the demo did not make \(images\)"):
+        demo.run(workdir=tmp_path, quick=True, quiet=True, device="cpu")
+    assert (users / "demo_00001.jpg").read_text() == "the user's"

@@ -195,7 +195,7 @@ def test_per_run_lists_of_one_value_or_tuples_apply_like_the_command_line(store_
         (2, {"lr": [1e-3, 2e-3, 3e-3]}, ValueError, "lr gives 3 values for runs 2: give 1 or 2"),
         (2, {"seed": []}, ValueError, "seed gives 0 values for runs 2"),
         ([{}, {}], {"lr": [1e-3, 2e-3]}, ValueError, "lr is a list of 2 values, one per run"),
-        (0, {}, ValueError, "runs must be at least 1, not 0"),
+        (0, {}, ValueError, "runs must be between 1 and 1024 .*, not 0"),
         (True, {}, TypeError, "runs must be a list of dicts .* not bool"),
         ({"lr": 1e-3}, {}, TypeError, "not dict"),
         (2, {"lr": [0, 1e-3]}, ValueError, "run run0: lr must be above 0"),
@@ -243,6 +243,33 @@ class _Stopped:
 )
 def test_the_exit_status_is_1_only_when_every_run_diverged(stops, status):
     assert exit_status([_Stopped(s) for s in stops]) == status
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize("runs", [100_000, [{}] * 1025], ids=["a number", "a list"])
+def test_more_runs_than_a_group_trains_are_refused_before_any_work_in_one_line(runs, store_path, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("a store was opened or a model built")
+
+    monkeypatch.setattr("fastload.train.open_data", no_work)
+    count = runs if isinstance(runs, int) else len(runs)
+    with pytest.raises(ValueError) as refused:
+        fastload.fit_many(store_path, runs, **SHARED)
+    assert str(refused.value) == (
+        f"runs must be between 1 and 1024 (the most runs a group trains at once; train the others as "
+        f"another group), not {count}"
+    )
+
+
+@pytest.mark.safety
+def test_cli_runs_100000_is_a_one_line_usage_error(store_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", str(store_path), "--device", "cpu", "--runs", "100000"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.splitlines()[-1] == (
+        "fastload train: error: argument --runs: must be between 1 and 1024 (the most runs a group "
+        "trains at once; train the others as another group), not 100000"
+    )
 
 
 def test_runs_that_cannot_fit_in_memory_are_refused(store_path, monkeypatch):

@@ -412,6 +412,60 @@ def test_a_link_retargeted_while_written_is_not_replaced(tmp_path):
     assert (tmp_path / "a").read_bytes() == b"a" and (tmp_path / "b").read_bytes() == b"b"
 
 
+def _partial_of(folder) -> str:
+    (partial,) = [p for p in os.listdir(folder) if p.endswith(".fastload-partial")]
+    return os.path.join(folder, partial)
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["replacing", "new"])
+def test_a_temporary_file_replaced_by_a_link_while_written_is_not_installed(tmp_path, overwrite):
+    """The rename (or link) would install whatever the temporary path names at commit: a
+    symbolic link swapped in by another user of the folder became the output."""
+    path, secret = tmp_path / "out", tmp_path / "secret"
+    secret.write_bytes(b"someone else's")
+    if overwrite:
+        path.write_bytes(b"old")
+    pending = _core.PendingFile(os.fspath(path), "checkpoint", overwrite)
+    os.write(pending.fileno(), b"new")
+    partial = _partial_of(tmp_path)
+    os.unlink(partial)
+    os.symlink(secret, partial)
+    with pytest.raises(ValueError) as refused:
+        pending.commit()
+    assert str(refused.value) == (
+        f"checkpoint {path}: its temporary file {partial} was replaced while it was written; nothing was replaced"
+    )
+    assert not os.path.islink(path) and (path.read_bytes() == b"old" if overwrite else not path.exists())
+    assert secret.read_bytes() == b"someone else's"
+
+
+def test_replacing_a_setuid_file_clears_setuid_and_setgid(tmp_path):
+    from fastload.files import replace_atomically
+
+    path = tmp_path / "tool"
+    path.write_bytes(b"old")
+    os.chmod(path, 0o6755)
+    with replace_atomically(path, "output") as f:
+        f.write(b"new")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
+
+
+def test_a_temporary_file_whose_folder_was_renamed_away_is_removed(tmp_path):
+    from fastload.files import PendingOutput
+
+    (tmp_path / "runs").mkdir()
+    pending = PendingOutput(tmp_path / "runs" / "run.ckpt", "checkpoint")
+    pending.file.write(b"new")
+    os.rename(tmp_path / "runs", tmp_path / "moved")
+    with pytest.raises(OSError) as failed:
+        pending.commit()
+    assert str(failed.value) == (
+        f"cannot write the checkpoint {tmp_path / 'runs' / 'run.ckpt'}: its folder was moved or removed "
+        "while it was written; nothing was replaced"
+    )
+    assert os.listdir(tmp_path / "moved") == []
+
+
 def test_a_dangling_link_is_refused(tmp_path):
     from fastload.files import PendingOutput, append_text
 

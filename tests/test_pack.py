@@ -14,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -1073,3 +1074,44 @@ def test_a_pack_onto_a_ram_disk_writes_the_same_store_as_onto_a_disk(ram_disk_fo
         assert a.fingerprint() == b.fingerprint() and len(b) == 30
         assert b.verify(None) == []
     assert fastload.inspect.verify(in_ram.path) == []
+
+
+@pytest.mark.safety
+def test_a_destination_that_names_a_folder_or_nothing_is_refused(tmp_path, capsys):
+    """`pack imgs newdir/` silently created a file `newdir`; `pack imgs ""` said "store . is a directory"."""
+    src = classes(tmp_path / "src")
+    code, out, err = cli(capsys, src, f"{tmp_path}/newdir/")
+    assert code == 1 and err == (
+        f"fastload pack: error: {tmp_path}/newdir/: ends with '/', so it names a folder, and a store is "
+        f"a file; give its file name, e.g. {tmp_path}/newdir/images.fastload\n"
+    )
+    assert not (tmp_path / "newdir").exists()
+    code, out, err = cli(capsys, src, "")
+    assert code == 1 and err == (
+        "fastload pack: error: dest is an empty path; give the store's file name, e.g. images.fastload\n"
+    )
+
+
+FULL_PACK = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from fastload import cli
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+    sys.exit(cli.main(["pack", sys.argv[1], sys.argv[2], "--size", "64"]))
+    """
+)
+
+
+@pytest.mark.safety
+def test_a_full_disk_during_pack_names_the_store_not_its_temporary_file(tmp_path):
+    src = classes(tmp_path / "src")
+    dest = tmp_path / "full.store"
+    child = subprocess.run(
+        [sys.executable, "-c", FULL_PACK, src, dest], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 1
+    assert child.stderr.splitlines()[-1] == f"fastload pack: error: {dest}: File too large (os error 27)", (
+        child.stderr
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

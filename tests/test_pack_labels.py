@@ -528,3 +528,11 @@ def test_class_folders_that_read_as_one_name_are_all_listed(tmp_path):
         "'Å' (labels 0 as 'A\\u030a', 2 as '\\xc5': one text in different Unicode forms); "
         "'é' (labels 1 as 'e\\u0301', 3 as '\\xe9': one text in different Unicode forms); rename them apart"
     )
+
+
+def test_a_missing_labels_csv_is_named_as_the_labels_csv(tmp_path, capsys):
+    """It was a raw `[Errno 2] No such file or directory: 'labels.csv'`."""
+    src = classes(tmp_path / "src")
+    missing = tmp_path / "labels.csv"
+    code, out, err = cli(capsys, src, tmp_path / "s.fl", "--labels", missing)
+    assert code == 1 and err == f"fastload pack: error: labels CSV {missing}: No such file or directory\n"

@@ -302,3 +302,16 @@ def test_on_cuda_a_held_batch_is_never_written_over(store_path, options, side_st
                     torch.testing.assert_close(a.cpu().float(), b.float(), atol=1e-2, rtol=0)
                 else:
                     assert torch.equal(a.cpu(), b), "a held batch changed after it was handed out"
+
+
+@pytest.mark.safety
+def test_records_larger_than_the_device_are_refused_before_torch_shapes_them(tmp_path):
+    """An empty store of 2**31 x 2**31 x 3 records made torch fail "Stride calculation overflowed"."""
+    path = tmp_path / "wide.fastload"
+    with StoreWriter(path, (2**31, 2**31, 3)):
+        pass
+    with pytest.raises(MemoryError) as refused:
+        DeviceStore(path, "cpu")
+    assert str(refused.value).startswith(
+        f"{path}: one record of 2147483648x2147483648x3 takes 13,835,058,055.282 GB, more than the"
+    )

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import fastload
 import fastload.inspect
-from fastload import Store, StoreError, StoreWriter
+from fastload import Store, StoreError, StoreWriter, cli
 from fastload.dataset import FastLoadDataset
 from fastload.inspect import info as info_store
 from fastload.inspect import verify as verify_store
@@ -452,6 +452,20 @@ def test_info_and_memory_plan(store_path):
     plan = fastload.inspect.memory_plan(250_000, (384, 384, 3), ram_bytes=192 * 10**9)
     assert plan["uint8_bytes"] == 110_594_000_000
     assert plan["fit_in_ram_float32"] == 192 * 10**9 // (384 * 384 * 12 + 8)
+
+
+@pytest.mark.safety
+def test_memory_plans_of_shapes_past_int64_count_in_python_ints(tmp_path, capsys):
+    """np.prod wrapped: `bench --images 5 --size 3037000500` planned -46,116,860,182 GB, and
+    `info` said an empty store of 2**31 x 2**31 x 3 records holds -1 images."""
+    plan = fastload.inspect.memory_plan(5, (3_037_000_500, 3_037_000_500, 3), ram_bytes=10**12)
+    assert plan["uint8_bytes"] == 5 * (3 * 3_037_000_500**2 + 8) and plan["fit_in_ram_uint8"] == 0
+    path = tmp_path / "wide.fastload"
+    with StoreWriter(path, (2**31, 2**31, 3)):
+        pass  # no record: a valid store whose records no machine could hold
+    assert cli.main(["info", os.fspath(path)]) == 0
+    out = capsys.readouterr().out
+    assert "holds 0 images as uint8, 0 as float32" in out and "-" not in out.split("RAM holds")[1]
 
 
 def test_fingerprint_is_the_records_not_the_file(tmp_path):
@@ -1052,3 +1066,47 @@ def test_stores_and_views_created_and_dropped_do_not_leak(store, rounds):
     after = process_state(path)
     assert after[:2] == before[:2] == (before[0], 0)
     assert after[2] - before[2] < 8 * 1024, f"RssAnon grew from {before[2]} to {after[2]} kB"
+
+
+@pytest.mark.safety
+def test_metadata_printed_by_info_and_verify_cannot_drive_the_terminal(tmp_path, capsys):
+    """A source name holding `\\r\\x1b[2K...every record matches its checksum\\x1b[8m` made a failed
+    verify read as a pass on a terminal; class names reach `info` the same way."""
+    fake_pass = "\r\x1b[2Kevery record matches its checksum\x1b[8m"
+    path = tmp_path / "hostile.fastload"
+    with StoreWriter(
+        path,
+        (2, 2, 3),
+        label_dtype="int64",
+        meta={"sources": [fake_pass, "b.png"], "class_names": ["\x1b[31mcat", "dog\nrecords    999 images"]},
+    ) as writer:
+        writer.extend(np.zeros((2, 2, 2, 3), np.uint8), np.array([0, 1]))
+    with Store(path) as store:
+        offset = store.images_offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff")  # record 0 damaged
+    assert cli.main(["verify", os.fspath(path)]) == 1
+    assert cli.main(["info", os.fspath(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\r" not in out + err
+    assert "damaged record 0 (\\r\\x1b[2Kevery record matches its checksum\\x1b[8m)" in out
+    assert "classes    \\x1b[31mcat: 1, dog\\nrecords    999 images: 1" in out  # no line of its own
+
+
+def test_info_on_a_csv_says_it_is_not_a_store(tmp_path, capsys):
+    """A short file that is no store was reported as "truncated"; an empty one still is."""
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\na.png,1\n")
+    assert cli.main(["info", os.fspath(csv)]) == 1
+    assert capsys.readouterr().err == f"fastload info: error: {csv}: bad magic bytes: not a fastload store\n"
+
+
+def test_info_counts_nan_labels_apart_from_the_numbers(tmp_path, capsys):
+    """It printed "min nan max nan mean nan", whatever the other labels were."""
+    path = tmp_path / "nan.fastload"
+    with StoreWriter(path, (2, 2, 3)) as writer:
+        writer.extend(np.zeros((4, 2, 2, 3), np.uint8), np.array([1.0, np.nan, 3.0, np.nan]))
+    assert cli.main(["info", os.fspath(path)]) == 0
+    assert "labels     min 1  max 3  mean 2; 2 NaN (not a number)\n" in capsys.readouterr().out
+    assert fastload.inspect.info(path)["labels"] == {"min": 1.0, "max": 3.0, "mean": 2.0, "nan": 2}

@@ -3,7 +3,10 @@ would overwrite an input refused, the command line's usage errors, and `augment`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 import os
 import shutil
 
@@ -265,3 +268,242 @@ def test_an_augment_that_is_no_spec_is_refused(tmp_path):
         TrainConfig(missing, augment=Augment.from_spec("flip", size=12), **FAST)
     with pytest.raises(ValueError, match="its size and seed are the run's size and data_seed"):
         TrainConfig(missing, augment=Augment.from_spec("flip", seed=1), **FAST)
+
+
+# ---------------------------------------------------------------- every option of `fastload train`
+
+OPTIONS_SIDE, OPTIONS_COUNT = 12, 40  # 36 training records in batches of 8: 5 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def option_files(tmp_path_factory):
+    """A small store, a validation store, monotone inputs and a runs file for the option table."""
+    folder = tmp_path_factory.mktemp("options")
+    rng = np.random.default_rng(0)
+    for name in ("store", "val"):
+        images = rng.integers(0, 256, (OPTIONS_COUNT, OPTIONS_SIDE, OPTIONS_SIDE, 3), dtype=np.uint8)
+        with StoreWriter(folder / f"{name}.fastload", (OPTIONS_SIDE, OPTIONS_SIDE, 3)) as writer:
+            writer.extend(images, images.reshape(OPTIONS_COUNT, -1).mean(1) / 255.0)
+    np.save(folder / "exposure.npy", rng.uniform(0, 1, OPTIONS_COUNT))
+    (folder / "runs.json").write_text('[{"name": "bright", "lr": 0.01}]')
+    return folder
+
+
+def train_with(folder, extra, out_folder, capsys) -> dict:
+    """`fastload train` of the option table's store for one epoch with ``extra`` flags, saving to
+    ``out_folder``/run.ckpt (a folder of them with --runs or --runs-file): what it records."""
+    checkpoint = out_folder / "run.ckpt"
+    argv = ["train", os.fspath(folder / "store.fastload"), "--device", "cpu", "--threads", "1"]
+    argv += ["--batch-size", "8", "--epochs", "1", "--checkpoint", os.fspath(checkpoint), *extra]
+    status, err, out = run_cli(argv, capsys)
+    saved = None
+    if checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=True)
+    return {"status": status, "err": err, "out": out, "checkpoint": saved, "folder": checkpoint}
+
+
+def _options(record: dict) -> dict:
+    return record["checkpoint"]["run"]["options"]
+
+
+def _refused(status: int, *words):
+    def check(record, default, folder):
+        assert record["status"] == status and all(word in record["err"] for word in words), record["err"]
+
+    return check
+
+
+def _recorded(**expected):
+    """The run's checkpoint records these options (and the default run other values)."""
+
+    def check(record, default, folder):
+        assert record["status"] == 0, record["err"]
+        for name, value in expected.items():
+            assert _options(record)[name] == value != _options(default)[name], name
+
+    return check
+
+
+def _in_config(**expected):
+    """The model's config in the checkpoint (what a resume must match) holds these values."""
+
+    def check(record, default, folder):
+        assert record["status"] == 0, record["err"]
+        for name, value in expected.items():
+            assert record["checkpoint"]["config"][name] == value != default["checkpoint"]["config"][name], (
+                name
+            )
+
+    return check
+
+
+def _group_of(*names):
+    def check(record, default, folder):
+        assert record["status"] == 0, record["err"]
+        assert sorted(p.name for p in record["folder"].iterdir()) == [f"{n}.ckpt" for n in names]
+        for name in names:
+            saved = torch.load(record["folder"] / f"{name}.ckpt", weights_only=True)
+            assert saved["run"]["name"] == name
+
+    return check
+
+
+def _other_split(record, default, folder):
+    """A data seed of its own: another validation split, so another baseline."""
+    assert record["status"] == 0, record["err"]
+    assert record["checkpoint"]["config"]["data_seed"] == 7 == _options(record)["data_seed"]
+    assert (
+        record["checkpoint"]["history"][0]["baseline_rmse"]
+        != default["checkpoint"]["history"][0]["baseline_rmse"]
+    )
+
+
+def _steps(count: int):
+    def check(record, default, folder):
+        assert record["status"] == 0, record["err"]
+        assert record["checkpoint"]["step"] == count != default["checkpoint"]["step"]
+
+    return check
+
+
+def _epochs(count: int):
+    def check(record, default, folder):
+        assert record["status"] == 0, record["err"]
+        assert len(record["checkpoint"]["history"]) == count != len(default["checkpoint"]["history"])
+
+    return check
+
+
+def _continued(record, default, folder):
+    """Resumed from the default run's checkpoint: its first epoch is the default run's."""
+    assert record["status"] == 0, record["err"]
+    history = record["checkpoint"]["history"]
+    assert len(history) == 2 and history[0]["val_rmse"] == default["checkpoint"]["history"][0]["val_rmse"]
+
+
+def _json_lines(record, default, folder):
+    assert record["status"] == 0, record["err"]
+    assert json.loads(record["out"].splitlines()[0])["epoch"] == 1 and default["out"][0] != "{"
+
+
+def _logged(record, default, folder):
+    assert record["status"] == 0, record["err"]
+    assert json.loads((record["folder"].parent / "log.jsonl").read_text())["epoch"] == 1
+
+
+def _written(record, default, folder):
+    assert record["status"] == 0 and _options(record)["checkpoint"] == os.fspath(record["folder"])
+
+
+def _backbone(record, default, folder):
+    """resnet18 where torchvision is installed; refused naming it where it is not."""
+    if record["status"] == 1:
+        assert "torchvision" in record["err"]
+    else:
+        assert record["checkpoint"]["config"]["backbone"] == "resnet18"
+
+
+def _val_recorded(record, default, folder):
+    assert record["status"] == 0, record["err"]
+    validation = record["checkpoint"]["stores"]["validation store"]
+    assert (
+        validation["path"] == os.fspath(folder / "val.fastload")
+        and default["checkpoint"]["stores"]["validation store"] is None
+    )
+
+
+def _monotone_recorded(record, default, folder):
+    assert record["status"] == 0, record["err"]
+    assert _options(record)["monotone_inputs"] == os.fspath(folder / "exposure.npy")
+    assert "monotone_input_keypoints" in record["checkpoint"]["config"]
+    assert "monotone_input_keypoints" not in default["checkpoint"]["config"]
+
+
+# flag -> (arguments, a function of (record, the default run's record, the files) that checks it
+# changed what the run records, or was refused). {files} and {out} in the arguments are folders.
+TRAIN_OPTIONS = {
+    "--task": (["--task", "classification"], _refused(1, "classification")),
+    "--val": (["--val", "{files}/val.fastload"], _val_recorded),
+    "--val-fraction": (["--val-fraction", "0.5"], _steps(3)),
+    "--runs": (["--runs", "2"], _group_of("run0", "run1")),
+    "--runs-file": (["--runs-file", "{files}/runs.json"], _group_of("bright")),
+    "--stack": (["--stack"], _refused(2, "--stack stacks the runs of a group: give --runs N")),
+    "--data-seed": (["--data-seed", "7"], _other_split),
+    "--augment": (["--augment", "flip"], _in_config(augment="flip")),
+    "--patience": (["--patience", "1"], _recorded(patience=1)),
+    "--epochs": (["--epochs", "2"], _epochs(2)),
+    "--batch-size": (["--batch-size", "4"], _in_config(batch_size=4)),
+    "--lr": (["--lr", "0.01"], _recorded(lr=0.01)),
+    "--schedule": (["--schedule", "constant"], _recorded(schedule="constant")),
+    "--weight-decay": (["--weight-decay", "0.1"], _recorded(weight_decay=0.1)),
+    "--device": (["--device", "cuda:99"], _refused(1, "cuda:99")),
+    "--amp": (["--amp", "bf16"], _recorded(amp="bf16")),
+    "--workers": (["--workers", "1"], _recorded(workers=1)),
+    "--on-device": (["--on-device"], _recorded(on_device=True)),
+    "--threads": (["--threads", "2"], _recorded(threads=2)),
+    "--seed": (["--seed", "3"], _in_config(seed=3)),
+    "--checkpoint": ([], _written),
+    "--checkpoint-every": (["--checkpoint-every", "2"], _recorded(checkpoint_every=2)),
+    "--resume": (["--resume", "{files}/default.ckpt", "--epochs", "2"], _continued),
+    "--max-steps": (["--max-steps", "2"], _steps(2)),
+    "--monotone-inputs": (["--monotone-inputs", "{files}/exposure.npy"], _monotone_recorded),
+    "--val-monotone-inputs": (
+        ["--val-monotone-inputs", "{files}/exposure.npy"],
+        _refused(1, "val_monotone_inputs are the inputs of a separate validation store"),
+    ),
+    "--backbone": (["--backbone", "resnet18"], _backbone),
+    "--num-features": (["--num-features", "4"], _in_config(num_features=4)),
+    "--lattice-size": (["--lattice-size", "2"], _in_config(lattice_size=2)),
+    "--ordinal": (["--ordinal"], _refused(1, "ordinal=True orders the classes of a classification")),
+    "--size": (["--size", "8"], _in_config(size=8)),
+    "--json": (["--json"], _json_lines),
+    "--json-log": (["--json-log", "{out}/log.jsonl"], _logged),
+}
+
+
+@pytest.fixture(scope="module")
+def default_run(option_files):
+    """The option table's run with no option of its own, its checkpoint kept as default.ckpt."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        argv = ["train", os.fspath(option_files / "store.fastload"), "--device", "cpu", "--threads", "1"]
+        argv += [
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--checkpoint",
+            os.fspath(option_files / "default.ckpt"),
+        ]
+        assert cli.main(argv) == 0, stderr.getvalue()
+    return {
+        "out": stdout.getvalue(),
+        "checkpoint": torch.load(option_files / "default.ckpt", weights_only=True),
+    }
+
+
+@pytest.mark.parametrize("flag", list(TRAIN_OPTIONS))
+def test_every_train_option_reaches_the_run_or_is_refused(flag, option_files, default_run, tmp_path, capsys):
+    """Each flag of `fastload train --help` changes what the run records (its checkpoint, log or
+    output), or is refused by name: none is dropped without a word (as --data-seed was on a
+    single run, and --stack without --runs)."""
+    arguments, check = TRAIN_OPTIONS[flag]
+    arguments = [a.format(files=option_files, out=tmp_path) for a in arguments]
+    check(train_with(option_files, arguments, tmp_path, capsys), default_run, option_files)
+
+
+def test_the_option_table_covers_every_train_flag():
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    flags = {
+        option
+        for action in commands.choices["train"]._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+    assert flags == set(TRAIN_OPTIONS)
+
+
+def test_checkpoint_every_without_a_checkpoint_is_a_usage_error(option_files, capsys):
+    argv = ["train", os.fspath(option_files / "store.fastload"), "--device", "cpu", "--checkpoint-every", "2"]
+    status, err, out = run_cli(argv, capsys)
+    assert status == 2 and "--checkpoint-every saves to --checkpoint: give --checkpoint PATH with it" in err

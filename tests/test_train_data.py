@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -139,6 +141,49 @@ def test_monotone_inputs_of_the_wrong_length_are_refused(store_path, tmp_path):
     np.save(short, np.zeros(COUNT - 1))
     with pytest.raises(ValueError, match=rf"short\.npy: {COUNT - 1} rows .* store of {COUNT} records"):
         fit(store_path, monotone_inputs=short, **FAST)
+
+
+@pytest.mark.safety
+def test_monotone_inputs_that_are_a_named_pipe_are_refused_without_blocking(store_path, tmp_path):
+    fifo = tmp_path / "exposure.npy"
+    os.mkfifo(fifo)
+    argv = ["train", os.fspath(store_path), "--device", "cpu", "--monotone-inputs", os.fspath(fifo)]
+    child = subprocess.run(
+        [sys.executable, "-m", "fastload", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 1
+    assert child.stderr == (
+        f"fastload train: error: {fifo}: not a regular file (a named pipe); the monotone inputs file must be a file\n"
+    )
+
+
+@pytest.mark.safety
+def test_monotone_inputs_whose_header_claims_more_than_the_file_holds_are_refused(store_path, tmp_path):
+    """np.load allocates the shape a header declares (here 2**40 float64 values, 8 TB)
+    before it reads a byte of them."""
+    lying = tmp_path / "lying.npy"
+    with open(lying, "wb") as f:
+        header = {"descr": "<f8", "fortran_order": False, "shape": (2**40,)}
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(np.zeros(COUNT).tobytes())
+    with pytest.raises(ValueError) as refused:
+        fit(store_path, monotone_inputs=lying, **FAST)
+    assert str(refused.value) == (
+        f"{lying}: its header declares (1099511627776,) values of float64 (8,796,093,022,208 bytes), "
+        f"but the file holds {8 * COUNT:,} bytes of values; write it again with np.save"
+    )
+
+
+@pytest.mark.safety
+def test_monotone_inputs_holding_python_objects_are_refused_as_such(store_path, tmp_path):
+    pickled = tmp_path / "objects.npy"
+    np.save(pickled, np.array([object()] * COUNT, dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError) as refused:
+        fit(store_path, monotone_inputs=pickled, **FAST)
+    assert (
+        str(refused.value)
+        == f"{pickled}: it holds Python objects (a pickle), not numbers; save an array of numbers"
+    )
 
 
 def test_the_stream_augments_at_the_runs_size_and_data_seed(store_path, monkeypatch):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -50,6 +52,15 @@ MONOTONE_CHECK_IMAGES = 128
 LOADER_BATCHES = 200  # the most batches each loader is timed over (one epoch at most)
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field")
 FILE_PREFIX = "demo_"
+#: Written into the folder a demo works in (``--dir``): the folder is the demo's, so a later demo
+#: may work in it again, removing only what the demo makes.
+DEMO_MARK = ".fastload-demo"
+#: What a demo makes in its folder (paths relative to it): its mark, the labels CSV, the store,
+#: the images and their folder, and a killed writer's temporary files (the output rule's).
+DEMO_FILES = re.compile(
+    rf"{re.escape(DEMO_MARK)}|labels\.csv|demo\.fastload|images|images/{FILE_PREFIX}\d{{5}}\.(jpg|bmp)"
+    r"|\.(labels\.csv|demo\.fastload)\..*\.fastload-partial"
+)
 
 
 def _sample_photos(source: str = "auto") -> Optional[List[np.ndarray]]:
@@ -143,6 +154,35 @@ def make_photos(
     return names, labels, exposure, source
 
 
+def claim_folder(root: Path) -> None:
+    """Makes ``root`` the demo's folder before anything is written: a new or empty folder is
+    marked as the demo's (``DEMO_MARK``); one an earlier demo marked, holding nothing but what
+    a demo makes, has its images removed for the new run. Anything else is refused with a
+    ValueError naming what the demo did not make: it never removes or replaces a file of the
+    user's (a user's ``images/demo_0001.jpg`` or ``labels.csv`` included)."""
+    root.mkdir(parents=True, exist_ok=True)
+    found = []
+    for folder, dirs, files in os.walk(root):  # links are listed, never followed
+        found += [Path(folder, name).relative_to(root).as_posix() for name in dirs + files]
+    if not found:
+        (root / DEMO_MARK).write_text("made by `fastload demo`: everything in this folder is the demo's\n")
+        return
+    marked = os.path.isfile(root / DEMO_MARK) and not os.path.islink(root / DEMO_MARK)
+    # The demo makes no links: one named like its files (images -> a folder of the user's) is
+    # foreign too, or the removal below would follow it.
+    foreign = sorted(
+        p for p in found if not (marked and DEMO_FILES.fullmatch(p) and not os.path.islink(root / p))
+    )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else "")
+        raise ValueError(
+            f"demo folder {root} holds files the demo did not make ({shown}); the demo works only in a "
+            "new or empty folder, or one an earlier demo made: give another --dir"
+        )
+    for old in (root / "images").glob(f"{FILE_PREFIX}*"):  # an earlier demo's, as the check found
+        old.unlink()
+
+
 def _images_per_s(batches: Iterable, max_batches: int) -> float:
     """Steady-state images/s over one epoch of a loader (at most ``max_batches`` batches): the
     first batch (worker start-up, first page faults) is not timed."""
@@ -197,10 +237,11 @@ def run(
 ) -> dict:
     """Runs the demo and returns its report; ``report["passed"]`` says whether the model beat
     the baseline clearly and kept its monotonicity guarantee. Works in a temporary directory
-    removed at the end, or in ``workdir`` (kept). Prints to ``out`` (default: sys.stdout as it
-    is when called). ``images_from`` (one of DEMO_SOURCES) picks the images: the sample photos
-    of scikit-image when it is installed ("auto"), or always the procedural textures, whose
-    run is the same whatever is installed."""
+    removed at the end, or in ``workdir`` (kept), which must be new, empty or an earlier demo's
+    (:func:`claim_folder`: the demo touches only what it made). Prints to ``out`` (default:
+    sys.stdout as it is when called). ``images_from`` (one of DEMO_SOURCES) picks the images:
+    the sample photos of scikit-image when it is installed ("auto"), or always the procedural
+    textures, whose run is the same whatever is installed."""
     from fastload.files import replace_atomically
     from fastload.monotonic import check_monotone
     from fastload.pack import pack
@@ -231,11 +272,9 @@ def run(
 
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="fastload-demo-")) if workdir is None else Path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
     try:
+        claim_folder(root)
         folder = root / "images"
-        for old in folder.glob(f"{FILE_PREFIX}*"):  # files of an earlier demo run in the same --dir
-            old.unlink()
         say(
             f"fastload demo in {root}: {images:,} images, {size}x{size} records, {epochs} epochs on {resolved}"
         )

@@ -19,8 +19,9 @@ gives it to the Python writers (docs/RELIABILITY.md, "The output rule"):
   files stay beside them as ``NAME.previous`` until all are in place (docs/RELIABILITY.md,
   "Group checkpoints").
 
-Inputs read whole (a labels CSV, a runs file) must be regular files under a size limit
-(:func:`read_regular_file`), so ``/dev/zero`` or a FIFO is refused rather than read forever.
+Inputs (a labels CSV, a runs file, a checkpoint resumed, monotone inputs) must be regular files
+under a size limit (:func:`open_regular_file`, :func:`read_regular_file` to read one whole), so
+``/dev/zero`` or a FIFO is refused rather than read forever or waited on.
 
 Imports nothing of the package but ``_core``, so any module may use it.
 """
@@ -208,14 +209,22 @@ def append_text(path: PathLike, text: str, what: str = "log") -> None:
     _core.append_output(os.fspath(path), text.encode("utf-8"), what)
 
 
-def read_regular_file(path: PathLike, limit: int, what: str) -> bytes:
-    """The bytes of the input ``path`` (``what`` names it: "labels CSV"), read only if it is a
-    regular file of at most ``limit`` bytes: checked on the opened file (a named pipe is
-    opened without waiting) and while reading, so a file growing meanwhile stops at the limit.
-    ValueError naming the path otherwise; a missing file is FileNotFoundError."""
+def _over(limit: int, what: str) -> str:
+    return f"over the {limit / 2**20:g} MiB limit for a {what}"
+
+
+def open_regular_file(path: PathLike, limit: int, what: str) -> BinaryIO:
+    """The input ``path`` (``what`` names it: "checkpoint") opened for reading, if it is a
+    regular file of at most ``limit`` bytes, checked on the opened file: a named pipe is opened
+    without waiting and refused, never read (``torch.load`` or ``np.load`` given the path
+    would block on it forever). ValueError naming the path otherwise; a missing file is
+    FileNotFoundError (and any other failure to open it its OSError) naming the ``what`` and
+    the path. For readers that take a file; :func:`read_regular_file` reads it whole."""
     path = os.fspath(path)
-    over = f"over the {limit / 2**20:g} MiB limit for a {what}"
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # named, without Python's "[Errno 2] ...: 'path'"
+        raise type(exc)(f"{what} {path}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -223,15 +232,25 @@ def read_regular_file(path: PathLike, limit: int, what: str) -> bytes:
                 f"{path}: not a regular file ({_core.file_kind(st.st_mode)}); the {what} must be a file"
             )
         if st.st_size > limit:
-            raise ValueError(f"{path}: {st.st_size / 2**20:,.0f} MiB, {over}")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            # Read the size it has (a read of the whole limit would allocate it for any file);
-            # one that grew since fstat is read on, up to the limit.
-            data = f.read(st.st_size + 1)
-            if len(data) > st.st_size:
-                data += f.read(limit + 1 - len(data))
-    finally:
+            raise ValueError(f"{path}: {st.st_size / 2**20:,.0f} MiB, {_over(limit, what)}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_regular_file(path: PathLike, limit: int, what: str) -> bytes:
+    """The bytes of the input ``path`` (``what`` names it: "labels CSV"), read only if it is a
+    regular file of at most ``limit`` bytes (:func:`open_regular_file`), checked again while
+    reading, so a file growing meanwhile stops at the limit. ValueError naming the path
+    otherwise; a missing file is FileNotFoundError."""
+    with open_regular_file(path, limit, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        # Read the size it has (a read of the whole limit would allocate it for any file);
+        # one that grew since fstat is read on, up to the limit.
+        data = f.read(size + 1)
+        if len(data) > size:
+            data += f.read(limit + 1 - len(data))
     if len(data) > limit:
-        raise ValueError(f"{path}: grew while read, {over}")
+        raise ValueError(f"{os.fspath(path)}: grew while read, {_over(limit, what)}")
     return data

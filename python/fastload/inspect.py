@@ -5,6 +5,7 @@ machine's RAM and its GPU's free memory), and how this fastload was built (`buil
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Dict, Optional, Sequence
@@ -12,6 +13,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from fastload import _core
+from fastload._checks import is_int
 from fastload.progress import gigabytes
 from fastload.store import VERIFY_LIMIT, DamagedRecords, PathLike, Store, shared_class_names
 
@@ -127,7 +129,7 @@ def memory_plan(
     the store is on a RAM disk (`storage`), so its uint8 records already take that RAM, and
     mapping them adds no second copy."""
     ram = machine_memory() if ram_bytes is None else ram_bytes
-    per_image = int(np.prod(shape))
+    per_image = math.prod(int(side) for side in shape)  # Python ints: np.prod wraps at 2**63
     uint8_bytes = count * (per_image + 8)
     float32_bytes = count * (per_image * 4 + 8)
     return {
@@ -174,7 +176,16 @@ def free_device_bytes(device) -> int:
 def device_plan(records: int, record_bytes: int, device, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> dict:
     """Whether `records` records of `record_bytes` (image and label) fit on the torch `device`,
     held there as uint8 (`fastload.DeviceStore`): its free memory less `reserve_bytes` left for
-    the model, the bytes they need, and the most records that fit."""
+    the model, the bytes they need, and the most records that fit (in Python ints: no count or
+    size wraps). A record larger than the memory available does not fit, even none of it (torch
+    cannot even shape a tensor of records of 2**31 x 2**31 x 3 bytes)."""
+    counts = (records, record_bytes, reserve_bytes)
+    if not (all(is_int(n) for n in counts) and records >= 0 and record_bytes >= 1 and reserve_bytes >= 0):
+        raise ValueError(
+            "device_plan takes whole numbers: records >= 0, record_bytes >= 1 and reserve_bytes >= 0, "
+            f"not {records!r}, {record_bytes!r} and {reserve_bytes!r}"
+        )
+    records, record_bytes, reserve_bytes = (int(n) for n in counts)
     free = free_device_bytes(device)
     available = max(free - reserve_bytes, 0)
     needed = records * record_bytes
@@ -184,7 +195,7 @@ def device_plan(records: int, record_bytes: int, device, reserve_bytes: int = DE
         "reserve_bytes": reserve_bytes,
         "available_bytes": available,
         "needed_bytes": needed,
-        "fits": needed <= available,
+        "fits": needed <= available and record_bytes <= available,
         "largest_fit": available // record_bytes,
     }
 
@@ -223,6 +234,17 @@ def _class_counts(labels: np.ndarray, names: Optional[list]) -> Dict[str, int]:
     return dict(zip(keys, counts.tolist()))
 
 
+def _label_range(labels: np.ndarray) -> dict:
+    """min, max and mean of the labels that are numbers (None when none is), and ``nan``, how
+    many are NaN: 'min nan max nan mean nan' told nothing of the others (and NaN is no JSON)."""
+    missing = np.isnan(labels) if labels.dtype.kind == "f" else np.zeros(len(labels), bool)
+    numbers = labels[~missing]
+    stats = {key: None for key in ("min", "max", "mean")}
+    if len(numbers):
+        stats = {"min": float(numbers.min()), "max": float(numbers.max()), "mean": float(numbers.mean())}
+    return {**stats, "nan": int(missing.sum())}
+
+
 #: Distinct values of whole-number labels without class names that `info` counts one by one.
 MAX_VALUES_COUNTED = 20
 
@@ -242,7 +264,7 @@ def info(path: PathLike) -> dict:
         elif store.label_dtype == np.int64 and names is not None:
             stats = {"classes": _class_counts(labels, names)}
         else:
-            stats = {"min": float(labels.min()), "max": float(labels.max()), "mean": float(labels.mean())}
+            stats = _label_range(labels)
             if store.label_dtype == np.int64:
                 distinct = len(np.unique(labels))
                 stats["distinct"] = distinct

@@ -9,6 +9,14 @@ RESIZE_MODES = ("squash", "crop", "pad")
 MAX_LABELS_CSV_BYTES = 128 << 20
 #: Largest `--runs-file` (`train.read_runs_file`): a list of runs' options, a few bytes each.
 MAX_RUNS_FILE_BYTES = 1 << 20
+#: Most runs a `fit_many` group (`fastload train --runs N`, `--runs-file`) trains at once: each
+#: builds a model and an optimizer before the first batch, and takes its step on every batch.
+MAX_RUNS = 1024
+#: Largest checkpoint `fit(resume=...)` / `--resume` reads (torch.load streams it from the file).
+MAX_CHECKPOINT_BYTES = 64 << 30
+#: Largest `.npy` of monotone inputs (`fit(monotone_inputs=...)`, `--monotone-inputs`), read whole:
+#: 500 million float64 scalars, far more than one per record of any store with a few per record.
+MAX_MONOTONE_INPUTS_BYTES = 4 << 30
 #: `fit(amp=...)`: mixed precision off, or autocast to bfloat16 / float16.
 AMP_MODES = ("off", "bf16", "fp16")
 #: `fit(schedule=...)`: learning-rate schedules.

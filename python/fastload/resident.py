@@ -64,6 +64,13 @@ class DeviceStore:
         record_bytes = self.store.image_nbytes + self.store.label_dtype.itemsize
         plan = device_plan(len(self.indices), record_bytes, self.device, reserve_bytes)
         self.nbytes = plan["needed_bytes"]
+        if record_bytes > plan["available_bytes"]:
+            h, w, c = self.store.shape
+            raise MemoryError(
+                f"{self.store.path}: one record of {h}x{w}x{c} takes {gigabytes(record_bytes)}, more than the "
+                f"{gigabytes(plan['available_bytes'])} {self.device} has after the {gigabytes(reserve_bytes)} "
+                "reserved for the model (reserve_bytes): its records cannot be held on this device"
+            )
         if not plan["fits"]:
             fits = plan["largest_fit"]
             raise MemoryError(

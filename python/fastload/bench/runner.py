@@ -5,6 +5,7 @@ times its figures and hands the rows to the report."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -14,7 +15,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import numpy as np
 import torch
 
-from fastload._checks import fspath, int_in_range
+from fastload._checks import fspath, int_in_range, is_int
 from fastload.bench.baselines import (
     bench_dataloader,
     bench_jpeg,
@@ -66,6 +67,8 @@ BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
     "streaming": bench_streaming,
 }
 STAGES = tuple(BENCHES)  # the canonical order
+#: The largest image side a memory plan takes: the largest pack makes.
+MAX_IMAGE_SIDE = 65535
 
 
 def parse_stages(only: Optional[Iterable[str] | str]) -> List[str]:
@@ -85,6 +88,20 @@ def default_size_gb(workdir: str) -> float:
     """A synthetic store that fits: at most 2 GB, an eighth of RAM and a quarter of free disk."""
     free = shutil.disk_usage(workdir).free
     return min(2.0, machine_memory() / 8 / 1e9, free / 4 / 1e9)
+
+
+def check_size_gb(size_gb) -> None:
+    """Refuses a temporary store's size that is no finite positive number (``inf`` overflowed
+    and ``nan`` failed deep inside as a traceback), or more than the disk it goes on holds."""
+    if isinstance(size_gb, bool) or not isinstance(size_gb, (int, float)) or not 0 < size_gb < math.inf:
+        raise ValueError(f"size_gb must be a finite number of GB above 0, not {size_gb!r}")
+    folder = tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if size_gb * 1e9 > free:
+        raise ValueError(
+            f"size_gb {size_gb:g} is more than the {free / 1e9:,.1f} GB free in {folder}, where the "
+            "temporary store is written; give a smaller size_gb, or a store of your own"
+        )
 
 
 def write_synthetic_store(path: PathLike, size_bytes: int, shape=SYNTHETIC_SHAPE, seed: int = 0) -> Path:
@@ -123,17 +140,21 @@ def run(
     dataset of that many size×size×3 images instead of the store's.
     """
     stages = parse_stages(only)
-    if repeats < 3:
-        raise ValueError(f"repeats must be at least 3 (a median needs several runs), not {repeats}")
+    if not is_int(repeats) or repeats < 3:
+        raise ValueError(f"repeats must be at least 3 (a median needs several runs), not {repeats!r}")
     batch_size = int_in_range(batch_size, "batch_size")
     if store is not None and size_gb is not None:
         raise ValueError("give either a store or size_gb (the size of a temporary store), not both")
-    if size_gb is not None and size_gb <= 0:
-        raise ValueError(f"size_gb must be positive, not {size_gb}")
+    if size_gb is not None:
+        check_size_gb(size_gb)
     if (images is None) != (size is None):
         raise ValueError("images and size go together: a memory plan for IMAGES images of SIZE×SIZE×3")
-    if images is not None and (images < 1 or size < 1):
-        raise ValueError(f"images and size must be positive, not {images} and {size}")
+    if images is not None:
+        images = int_in_range(images, "images")
+        if not is_int(size) or not 1 <= size <= MAX_IMAGE_SIDE:
+            raise ValueError(
+                f"size must be between 1 and {MAX_IMAGE_SIDE} pixels (as pack takes), not {size!r}"
+            )
     for output, what in ((json_path, "JSON report"), (plot_path, "plot")):
         if output is not None and not Path(fspath(output, "output path")).parent.is_dir():
             raise ValueError(f"{output}: its directory does not exist (checked before the run, not after it)")

@@ -15,6 +15,7 @@ from typing import List, Optional
 
 from fastload import StoreError, __version__
 from fastload.cli import augment, bench, demo, info, pack, train, verify
+from fastload.pack.display import terminal_text
 
 #: The subcommands in the order `fastload --help` lists them.
 COMMANDS = (info, verify, pack, bench, train, demo, augment)
@@ -42,7 +43,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     explain = getattr(args, "explain_warning", str)
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_, **__: print(
-            f"fastload {args.command}: warning: {explain(str(message))}", file=sys.stderr
+            f"fastload {args.command}: warning: {terminal_text(explain(str(message)))}", file=sys.stderr
         )
         return _run(args)
 
@@ -56,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (StoreError, OSError, ValueError, TypeError, ImportError) as exc:
-        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fastload {args.command}: error: {terminal_text(str(exc))}", file=sys.stderr)
         return 1
     except MemoryError as exc:  # e.g. a store too large for this machine's RAM
         detail = f": {exc}" if str(exc) else ""

@@ -17,7 +17,11 @@ def add_parser(commands) -> None:
         "and of a per-record exposure, packs them, compares loaders, trains a monotonic regressor and "
         "checks its guarantee. Works in a temporary directory unless --dir is given.",
     )
-    p.add_argument("--dir", metavar="DIR", help="work (and keep the files) here")
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="work (and keep the files) here: a new or empty folder, or one an earlier demo made",
+    )
     p.add_argument("--images", type=int, help="number of images (default 2400; 600 with --quick)")
     p.add_argument("--size", type=int, help="record side in pixels (default 64; 48 with --quick)")
     p.add_argument("--epochs", type=int, help="training epochs (default 12; 8 with --quick)")

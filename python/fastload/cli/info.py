@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import List
 
 from fastload import inspect
+from fastload.pack.display import printable
 from fastload.progress import gigabytes
 
 
@@ -27,46 +29,59 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     summary = inspect.info(args.store)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary, indent=2))  # JSON escapes every control character
         return 0
+    for line in summary_lines(summary):  # class names and paths come from the file: escaped,
+        print(printable(line))  # a line break among them included, so none can fake a line
+    return 0
+
+
+def summary_lines(summary: dict) -> List[str]:
+    """The lines `fastload info` prints for an :func:`~fastload.inspect.info` summary."""
+    lines = []
     h, w, c = summary["shape"]
     mem = summary["memory"]
-    print(f"store      {summary['path']}")
+    lines.append(f"store      {summary['path']}")
     kind = (
         f"labels {summary['label_dtype']}" if summary["labelled"] else "no labels (packed with --no-labels)"
     )
-    print(f"records    {summary['records']:,} images of {h}x{w}x{c} uint8, {kind}")
+    lines.append(f"records    {summary['records']:,} images of {h}x{w}x{c} uint8, {kind}")
     labels = summary["labels"]
     if "classes" in labels:
-        print("classes    " + ", ".join(f"{k}: {v:,}" for k, v in labels["classes"].items()))
+        lines.append("classes    " + ", ".join(f"{k}: {v:,}" for k, v in labels["classes"].items()))
     elif labels:
-        print(f"labels     min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}")
+        nan = f"{labels['nan']:,} NaN (not a number)" if labels["nan"] else ""
+        if labels["min"] is None:
+            lines.append(f"labels     all {nan}")
+        else:
+            numbers = f"min {labels['min']:.6g}  max {labels['max']:.6g}  mean {labels['mean']:.6g}"
+            lines.append(f"labels     {numbers}" + (f"; {nan}" if nan else ""))
     if "distinct" in labels:
         counts = ", ".join(f"{k}: {v:,}" for k, v in labels.get("values", {}).items())
-        print(
+        lines.append(
             f"values     {labels['distinct']:,} distinct whole numbers{': ' + counts if counts else ''} "
             "(numbers, not classes: the store names no classes)"
         )
     size, resident = summary["file_bytes"], summary["resident_bytes"]
     where = summary["storage"]
     if where["in_ram"]:
-        print(
+        lines.append(
             f"in RAM     {gigabytes(size)} on {where['filesystem']} ({where['source']} at {where['mount_point']}): "
             "a RAM disk, so no epoch is cold, and its pages are the RAM the store takes (counted once)"
         )
     else:
-        print(
+        lines.append(
             f"on disk    {gigabytes(size)}; in page cache now {gigabytes(resident)} ({100 * resident / max(size, 1):.0f}%), "
             "shared by every process that maps it (counted in their RSS, owned by none)"
         )
         if where["filesystem"] is not None:
-            print(f"lives on   {where['filesystem']} ({where['source']} at {where['mount_point']})")
-    print(
+            lines.append(f"lives on   {where['filesystem']} ({where['source']} at {where['mount_point']})")
+    lines.append(
         f"as tensors uint8 {gigabytes(mem['uint8_bytes'])} vs cached float32 {gigabytes(mem['float32_bytes'])}; "
         + inspect.memory_plan_line(mem)
     )
-    print(gpu_line(summary["gpu"]))
-    return 0
+    lines.append(gpu_line(summary["gpu"]))
+    return lines
 
 
 def gpu_line(gpu) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastload.cli.args import positive_int
 from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS_FILE_BYTES, SCHEDULES, TASKS
 
 
@@ -97,7 +96,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     runs = p.add_mutually_exclusive_group()
     runs.add_argument(
         "--runs",
-        type=positive_int,
+        type=train_option("runs"),
         metavar="N",
         help="train N models at once on one stream of batches; per-run flags (--lr, --seed, --schedule, "
         "--weight-decay, --backbone, --num-features, --lattice-size) then take comma lists of N values "
@@ -119,7 +118,8 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
         "--data-seed",
         type=train_option("data_seed"),
         metavar="N",
-        help="with --runs: seed of the split and batch order shared by the runs (default: --seed when it is one value, else 0)",
+        help="seed of the split, normalization sample and batch order (with --runs: shared by the runs; "
+        "default: --seed when it is one value, else 0)",
     )
     p.add_argument(
         "--augment",
@@ -262,6 +262,11 @@ def run(args: argparse.Namespace) -> int:
         shared, varying = train_runs.split_values(lists, args.runs, spell=flag)
     except ValueError as exc:
         args.parser.error(str(exc))
+    grouped = args.runs is not None or args.runs_file is not None
+    if args.stack and not grouped:
+        args.parser.error("--stack stacks the runs of a group: give --runs N or --runs-file with it")
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        args.parser.error("--checkpoint-every saves to --checkpoint: give --checkpoint PATH with it")
     options = dict(
         task=args.task,
         val=args.val,
@@ -283,17 +288,18 @@ def run(args: argparse.Namespace) -> int:
         patience=args.patience,
         augment=args.augment,
         threads=args.threads,
+        data_seed=args.data_seed,
         log=train.epoch_logger(json_lines=args.json, json_log=args.json_log),
         **shared,
     )
-    if args.runs is None and args.runs_file is None:
+    if not grouped:
         results = [train.fit(args.store, **options)]
     else:
         if args.runs_file is not None:
             runs = train.read_runs_file(args.runs_file)
         else:
             runs = train_runs.runs_from_values(varying, args.runs)
-        results = train.fit_many(args.store, runs, stack=args.stack, data_seed=args.data_seed, **options)
+        results = train.fit_many(args.store, runs, stack=args.stack, **options)
         print(train.runs_table(results, runs), file=sys.stderr if args.json else sys.stdout)
     for result in results:
         who = f"run {result.name} " if result.name is not None else ""

@@ -8,6 +8,7 @@ import sys
 from fastload import inspect
 from fastload import store as store_mod
 from fastload.cli.args import positive_int
+from fastload.pack.display import printable
 
 
 def add_parser(commands) -> None:
@@ -30,12 +31,13 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     damaged = inspect.verify(args.store, limit=args.limit)
-    for index, source in damaged:
-        print(f"damaged record {index}" + (f" ({source})" if source else ""))
+    store = printable(args.store)
+    for index, source in damaged:  # a source name is the store's metadata: escaped, it cannot fake a pass
+        print(f"damaged record {index}" + (f" ({printable(source)})" if source else ""))
     if damaged.total > len(damaged):
         print(f"... and {damaged.total - len(damaged):,} more damaged records")
     if damaged.total:
-        print(f"{args.store}: {damaged.total:,} damaged record(s)", file=sys.stderr)
+        print(f"{store}: {damaged.total:,} damaged record(s)", file=sys.stderr)
         return 1
-    print(f"{args.store}: every record matches its checksum")
+    print(f"{store}: every record matches its checksum")
     return 0

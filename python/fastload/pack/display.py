@@ -1,5 +1,6 @@
-"""How pack shows file names and problems: as stored in the metadata (valid UTF-8), as printed
-to a terminal (control characters escaped), and as the one-per-line lists of its messages."""
+"""How file names, metadata and problems are shown: as stored in the metadata (valid UTF-8), as
+printed to a terminal (control characters escaped: pack's reports, and every command's output
+and messages through `terminal_text`), and as the one-per-line lists of pack's messages."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ def printable(name: str) -> str:
     """A file name safe to print to a terminal: `display`, with control characters
     escaped as `repr` does (\\x1b, \\r, \\n), so a name cannot move the cursor or recolour."""
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), display(name))
+
+
+def terminal_text(text: str) -> str:
+    """Any text fastload prints (what a store's metadata holds, a message naming files):
+    each line `printable`, the line breaks kept, so nothing read from a file can move the
+    cursor, erase a line or hide the text after it."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def named(problems: Sequence[Tuple[str, str]]) -> List[str]:

@@ -105,6 +105,19 @@ class _Decoded:
     source_bytes: int = 0
 
 
+def _store_file_name(dest: str) -> str:
+    """``dest`` as a store's file name, checked before ``Path`` reads it: ``Path("")`` is the
+    current folder and ``Path("newdir/")`` the file ``newdir``, which pack then created."""
+    if not dest:
+        raise ValueError("dest is an empty path; give the store's file name, e.g. images.fastload")
+    if dest.endswith(os.sep):
+        raise ValueError(
+            f"{dest}: ends with {os.sep!r}, so it names a folder, and a store is a file; "
+            f"give its file name, e.g. {dest}images.fastload"
+        )
+    return dest
+
+
 def _check_paths(src: Path, dest: Path, labels: Optional[Path], overwrite: bool) -> None:
     """Refuses, before any work: a missing source, a store written inside the folder it packs
     or over its labels, a destination the output rule refuses (a directory, device or named
@@ -388,7 +401,7 @@ def pack(
     """
     started = time.perf_counter()
     src = Path(fspath(src, "src"))
-    dest = Path(fspath(dest, "dest"))
+    dest = Path(_store_file_name(fspath(dest, "dest")))
     if labels is not None and not fspath(labels, "labels"):
         raise ValueError("labels is an empty path; give the labels CSV file")
     csv_path = None if labels is None else Path(labels)

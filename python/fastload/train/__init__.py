@@ -15,6 +15,7 @@ a runs file or lists of values; their table).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from typing import List, Mapping, Optional, Sequence, Union
@@ -161,7 +162,7 @@ def fit_many(
     data = open_data(configs[0], saved[0])
     with torch_settings(base):
         stream = DataStream(base, data)
-        _check_state_memory(configs, names, data, base.torch_device)
+        _check_state_memory(configs, data, base.torch_device)
         trainers = [Trainer(c, data, stream.steps_per_epoch, s, n) for c, s, n in zip(configs, saved, names)]
         return train_many(stream, trainers, stack)
 
@@ -183,9 +184,7 @@ def _make_checkpoint_folder(folder: Optional[PathLike]) -> None:
         raise ValueError(f"{where}; cannot create it: {exc.strerror}") from None
 
 
-def _check_state_memory(
-    configs: Sequence[TrainConfig], names: Sequence[str], data, device: torch.device
-) -> None:
+def _check_state_memory(configs: Sequence[TrainConfig], data, device: torch.device) -> None:
     """Refuses runs whose parameters and optimizer state exceed the device's memory (CUDA) or
     this machine's RAM (CPU), counted on CPU copies of their models before any is placed."""
     by_architecture, needed = {}, []
@@ -201,7 +200,8 @@ def _check_state_memory(
     else:
         available, where = machine_memory(), "of RAM on this machine"
     if available and sum(needed) > available:
-        each = ", ".join(f"{name} {b / 1e6:,.1f} MB" for name, b in zip(names, needed))
+        sizes = collections.Counter(needed)  # one entry per size, however many runs: one short line
+        each = ", ".join(f"{count} x {size / 1e6:,.1f} MB" for size, count in sizes.items())
         raise ValueError(
             f"{len(configs)} runs need {sum(needed) / 1e6:,.1f} MB for parameters and optimizer state "
             f"({each}), more than the {available / 1e6:,.1f} MB {where}; train fewer runs at once"

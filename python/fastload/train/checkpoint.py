@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from fastload._checks import fspath
-from fastload.files import check_writable, previous_path, write_together
+from fastload.files import check_writable, open_regular_file, previous_path, write_together
+from fastload.options import MAX_CHECKPOINT_BYTES
 from fastload.store import PathLike
 from fastload.train.task import PATIENCE_FIGURES, REGRESSION
 
@@ -72,12 +73,19 @@ def load_checkpoint(path: PathLike) -> dict:
     gets ``"task": "regression"``, so it resumes as the run it was. What the checkpoint must
     match of the run resuming it (its model's parameters, its steps per epoch) the trainer checks."""
     path = fspath(path, "resume")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:
-        raise ValueError(f"{path}: not a readable fastload training checkpoint ({exc})") from None
+    with open_regular_file(
+        path, MAX_CHECKPOINT_BYTES, "checkpoint"
+    ) as file:  # a FIFO is refused, not waited on
+        if os.fstat(file.fileno()).st_size == 0:
+            raise ValueError(
+                f"{path}: an empty file, not a fastload training checkpoint; resume from a file --checkpoint wrote"
+            )
+        try:
+            checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(
+                f"{path}: not a readable fastload training checkpoint ({exc or type(exc).__name__})"
+            ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a fastload training checkpoint ({CHECKPOINT_FORMAT})")
     problem = _structure_problem(checkpoint)
@@ -128,7 +136,29 @@ def _structure_problem(checkpoint: dict) -> Optional[str]:
     for i, metrics in enumerate(history):
         if not (isinstance(metrics, dict) and metrics.get("epoch") == i + 1 and figure in metrics):
             return f"history entry {i} is not the metrics of epoch {i + 1}"
-    return _stores_problem(checkpoint) or _partial_problem(checkpoint) or _rng_problem(checkpoint["rng"])
+    return (
+        _run_problem(checkpoint)
+        or _stores_problem(checkpoint)
+        or _partial_problem(checkpoint)
+        or _rng_problem(checkpoint["rng"])
+    )
+
+
+def _run_problem(checkpoint: dict) -> Optional[str]:
+    """What is wrong with the record of the run that wrote a checkpoint (its name and options,
+    compared by the trainer with the run resuming it), or None; checkpoints from before it
+    existed have none."""
+    run = checkpoint.get("run")
+    if run is None:
+        return None
+    if not (
+        isinstance(run, dict)
+        and (run.get("name") is None or isinstance(run.get("name"), str))
+        and isinstance(run.get("options"), dict)
+        and all(isinstance(name, str) for name in run["options"])
+    ):
+        return "its run is not a name and named options"
+    return None
 
 
 def _stores_problem(checkpoint: dict) -> Optional[str]:

@@ -18,7 +18,7 @@ from fastload._checks import INT_STATE_LIMIT, fspath, is_int
 from fastload.augment import Augment
 from fastload.inspect import usable_cores
 from fastload.monotonic.lattice import check_lattice_size
-from fastload.options import AMP_MODES, BACKBONES, SCHEDULES, TASKS
+from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS, SCHEDULES, TASKS
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_checkpoint_path
 from fastload.train.models import MonotonicRegressor
@@ -141,6 +141,33 @@ class TrainConfig:
         if self.progress is None:
             self.progress = sys.stderr.isatty()
 
+    def recorded_options(self) -> dict:
+        """Every option of the run as plain values (paths as text, an ``Augment`` as its spec, a
+        custom backbone as "custom", an array of monotone inputs as its shape), as its checkpoint
+        records them: a checkpoint says how it was trained, and a resume can tell whether it
+        continues the same run (:data:`~fastload.train.runs.RUN_OPTIONS`)."""
+        recorded = {}
+        for name in self.__dataclass_fields__:
+            if name in ("log", "progress", "torch_device"):
+                continue  # how the run reports, not what it trains
+            value = getattr(self, name)
+            if isinstance(value, Store):
+                value = value.path
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            elif isinstance(value, Augment):
+                value = value.spec
+            elif isinstance(value, nn.Module):
+                value = "custom"
+            elif isinstance(value, torch.device):
+                value = str(value)
+            elif name in ("monotone_inputs", "val_monotone_inputs") and not (
+                value is None or isinstance(value, str)
+            ):
+                value = f"array of shape {tuple(np.shape(value))}"
+            recorded[name] = value
+        return recorded
+
     def inputs(self) -> dict:
         """The files the run reads, by what they are (as :func:`check_outputs` takes them)."""
         return {
@@ -193,6 +220,7 @@ def _integer_bounds() -> dict:
         "threads": (1, min(PER_CORE * cores, MAX_THREADS), f"{per_core} {MAX_THREADS}"),
         "workers": (0, min(PER_CORE * cores, MAX_WORKERS), f"{per_core} {MAX_WORKERS}"),
         "size": (8, MAX_SIZE, "a larger image does not fit a backbone's memory"),
+        "runs": (1, MAX_RUNS, "the most runs a group trains at once; train the others as another group"),
         "seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
         "data_seed": (0, MAX_SEED, "the dataset keeps its seed in int64 state"),
     }

@@ -10,6 +10,8 @@ dataset's Rust thread already gathers the next batches in the background).
 
 from __future__ import annotations
 
+import io
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -23,8 +25,10 @@ from fastload._checks import fspath
 from fastload.augment import Augment
 from fastload.dataset import FastLoadDataset, split_indices
 from fastload.device import DeviceLoader, to_device
+from fastload.files import read_regular_file
 from fastload.inspect import check_batch_memory
 from fastload.monotonic.keypoints import place_keypoints
+from fastload.options import MAX_MONOTONE_INPUTS_BYTES
 from fastload.resident import DeviceStore, ResidentLoader
 from fastload.store import PathLike, Store
 from fastload.train.checkpoint import check_same_stores
@@ -122,6 +126,11 @@ def open_data(config: TrainConfig, saved: Optional[dict]) -> TrainingData:
         raise ValueError(f"no training records left in {train_store.path} after the validation split")
 
     train_mono = val_mono = None
+    if val is None and config.val_monotone_inputs is not None:
+        raise ValueError(
+            "val_monotone_inputs are the inputs of a separate validation store (val); without one the "
+            "validation records are the store's own and take its monotone_inputs: drop val_monotone_inputs"
+        )
     if config.monotone_inputs is not None:
         train_mono = load_monotone_inputs(config.monotone_inputs, len(train_store))
         if val is None:
@@ -276,17 +285,17 @@ class DataStream:
         return _metered(self.val_batches, self.val_prep, ())
 
 
+#: The .npy header readers of the format versions numbers are written in (np.save writes 1.0,
+#: or 2.0 for a header past 64 KiB).
+NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def load_monotone_inputs(source: Any, count: int, what: str = "monotone inputs") -> np.ndarray:
     """Per-record scalar inputs, aligned with a store of ``count`` records, as float32 (N, K).
     ``source`` is a path to a ``.npy`` file or an array of shape (N,) or (N, K)."""
     if isinstance(source, (str, os.PathLike)):
         what = fspath(source)
-        try:
-            arr = np.load(what, allow_pickle=False)
-        except ValueError as exc:
-            raise ValueError(f"{what}: not a .npy array of numbers ({exc})") from None
-        if not isinstance(arr, np.ndarray):
-            raise ValueError(f"{what}: expected a .npy file holding one array, not an .npz archive")
+        arr = read_npy(what)
     else:
         arr = np.asarray(source)
     if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
@@ -303,6 +312,37 @@ def load_monotone_inputs(source: Any, count: int, what: str = "monotone inputs")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{what}: monotone inputs contain NaN or infinite values")
     return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def read_npy(path: str) -> np.ndarray:
+    """The one array of a ``.npy`` file, read by the input rule (a regular file under
+    ``MAX_MONOTONE_INPUTS_BYTES``: a named pipe is refused, not waited on), its header's shape
+    checked against the bytes the file holds before anything is allocated for it (``np.load``
+    allocates what the header declares). ValueError naming the file otherwise."""
+    data = read_regular_file(path, MAX_MONOTONE_INPUTS_BYTES, "monotone inputs file")
+    if data.startswith(b"PK\x03\x04"):
+        raise ValueError(f"{path}: expected a .npy file holding one array, not an .npz archive")
+    file = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(file)
+        if version not in NPY_HEADERS:
+            raise ValueError(f"a .npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
+        shape, _, dtype = NPY_HEADERS[version](file)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a .npy array of numbers ({exc})") from None
+    if dtype.hasobject:
+        raise ValueError(f"{path}: it holds Python objects (a pickle), not numbers; save an array of numbers")
+    declared, held = math.prod(shape) * dtype.itemsize, len(data) - file.tell()
+    if declared != held:
+        raise ValueError(
+            f"{path}: its header declares {shape} values of {dtype} ({declared:,} bytes), "
+            f"but the file holds {held:,} bytes of values; write it again with np.save"
+        )
+    file.seek(0)
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a .npy array of numbers ({exc})") from None
 
 
 def _open_store(store: Union[Store, PathLike], what: str) -> Store:

@@ -16,6 +16,7 @@ from fastload._checks import fspath, is_int
 from fastload.files import read_regular_file
 from fastload.options import MAX_RUNS_FILE_BYTES
 from fastload.store import PathLike
+from fastload.train.config import option_problem
 
 # What may differ between the runs of a fit_many group: the model and its optimization. The
 # rest shapes the shared data stream (or is the group's, like epochs and the device).
@@ -87,8 +88,7 @@ def resolve_runs(
     lists = {name: shared[name] for name in RUN_OPTIONS if isinstance(shared.get(name), (list, tuple))}
     rest = {name: value for name, value in shared.items() if name not in lists}
     if is_int(runs):
-        if runs < 1:
-            raise ValueError(f"runs must be at least 1, not {runs}")
+        _check_run_count(runs)
         one, varying = split_values(lists, int(runs))
         return runs_from_values(varying, int(runs)), {**rest, **one}
     if isinstance(runs, (bool, float, Mapping)) or not isinstance(runs, Iterable):
@@ -98,6 +98,7 @@ def resolve_runs(
     runs = list(runs)
     if not runs:
         raise ValueError("runs is empty: give one dict of options per run")
+    _check_run_count(len(runs))
     for name, values in lists.items():
         if len(values) != 1:
             raise ValueError(
@@ -105,6 +106,13 @@ def resolve_runs(
                 "to take values from lists, or put each run's value in its dict"
             )
     return runs, {**rest, **{name: values[0] for name, values in lists.items()}}
+
+
+def _check_run_count(count: int) -> None:
+    """Refuses a group of more runs than ``MAX_RUNS`` before any is built (ValueError, one line)."""
+    problem = option_problem("runs", count)
+    if problem:
+        raise ValueError(f"runs {problem}")
 
 
 def named_run(index: int, run: Mapping, taken: Sequence[str]) -> Tuple[str, dict]:

@@ -28,6 +28,7 @@ from fastload.train.checkpoint import CHECKPOINT_FORMAT, invalid_checkpoint, rng
 from fastload.train.config import TrainConfig
 from fastload.train.data import EpochMeter, TrainingData
 from fastload.train.models import build_model, channels_last_convolutions, model_state_bytes
+from fastload.train.runs import RUN_OPTIONS
 from fastload.train.schedule import learning_rate
 from fastload.train.task import (
     CLASSIFICATION,
@@ -95,6 +96,9 @@ class Trainer:
                 f"{config.resume}: the checkpoint was written for a different run (differs in: "
                 f"{', '.join(differing)}); resume with the same store, split, monotone inputs and options"
             )
+        self.run = {"name": name, "options": config.recorded_options()}
+        if saved is not None:
+            self._check_same_run(saved)
         torch.manual_seed(config.seed)
         self.model = build_model(self.config, backbone).to(self.device)
         if self.device.type == "cuda":
@@ -115,6 +119,32 @@ class Trainer:
             self._resume(saved, steps_per_epoch)
         if self.epoch < config.epochs:
             self.stopped = self._patience_stop()
+
+    def _check_same_run(self, saved: dict) -> None:
+        """Refuses a checkpoint another run wrote (ValueError naming both): one of another name in
+        a group, or with other per-run options (a group's files swapped: each run would continue
+        the other's weights, credited to its own learning rate). A checkpoint from before runs
+        were recorded has nothing to compare."""
+        then = saved.get("run")
+        if then is None:
+            return
+        per_run = [option for option in RUN_OPTIONS if option != "name"]
+        differing = [
+            o for o in per_run if then["options"].get(o, self.run["options"][o]) != self.run["options"][o]
+        ]
+        other_name = None not in (then["name"], self.name) and then["name"] != self.name
+        if not (differing or other_name):
+            return
+
+        def described(run: dict) -> str:
+            options = ", ".join(f"{o} {run['options'].get(o)}" for o in differing)
+            name = f"run {run['name']}" if run["name"] is not None else "a run"
+            return f"{name} ({options})" if options else name
+
+        raise ValueError(
+            f"resume {self.options.resume}: the checkpoint was written by {described(then)}, not by this "
+            f"{described(self.run)}; resume each run from its own checkpoint"
+        )
 
     def _resume(self, saved: dict, steps_per_epoch: int) -> None:
         """Continues from the checkpoint ``saved`` (its structure checked by load_checkpoint),
@@ -271,6 +301,7 @@ class Trainer:
         return {
             "format": CHECKPOINT_FORMAT,
             "config": self.config,
+            "run": self.run,
             "stores": self.data.stores,
             "model": {k: v.clone() for k, v in self.model.state_dict().items()},  # not a stack's storage
             "optimizer": self.optimizer.state_dict(),
