@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS_FILE_BYTES, SCHEDULES, TASKS
+from fastload.options import AMP_MODES, BACKBONES, MAX_RUNS, MAX_RUNS_FILE_BYTES, SCHEDULES, TASKS
 
 
 def augment_spec(text: str):
@@ -98,7 +98,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
         "--runs",
         type=train_option("runs"),
         metavar="N",
-        help="train N models at once on one stream of batches; per-run flags (--lr, --seed, --schedule, "
+        help=f"train N models at once (at most {MAX_RUNS}) on one stream of batches; per-run flags (--lr, --seed, --schedule, "
         "--weight-decay, --backbone, --num-features, --lattice-size) then take comma lists of N values "
         "(one value applies to every run); --checkpoint and --resume are folders (one file per run)",
     )

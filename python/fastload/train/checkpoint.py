@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import pickle
 import random
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -82,10 +83,15 @@ def load_checkpoint(path: PathLike) -> dict:
             )
         try:
             checkpoint = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as exc:
+        except pickle.UnpicklingError:
+            # Not torch's advice to load it with weights_only=False: that would run its code.
             raise ValueError(
-                f"{path}: not a readable fastload training checkpoint ({exc or type(exc).__name__})"
+                f"{path}: not a readable fastload training checkpoint (it holds more than tensors and "
+                "plain values, or is no torch file); resume from a file --checkpoint wrote"
             ) from None
+        except Exception as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"{path}: not a readable fastload training checkpoint ({reason})") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a fastload training checkpoint ({CHECKPOINT_FORMAT})")
     problem = _structure_problem(checkpoint)
