@@ -417,6 +417,43 @@ def test_bad_sample_weights_are_refused(weights, message):
         LatticeRegressor(max_iter=2).fit(X, y, sample_weight=weights)
 
 
+@pytest.mark.safety
+@pytest.mark.parametrize("scale", [1e308, 1e-320], ids=["huge", "subnormal"])
+def test_sample_weights_at_the_ends_of_float64_fit_as_their_ratios_do(scale):
+    """Only the weights' ratios matter: weights of 1e308 (whose sum overflows) or 1e-320 (a
+    subnormal, zero in float32) fit the model that weights of one fit."""
+    X, y = three_feature_table(200)
+    plain = LatticeRegressor(max_iter=20).fit(X, y)
+    scaled = LatticeRegressor(max_iter=20).fit(X, y, sample_weight=np.full(200, scale))
+    np.testing.assert_allclose(scaled.predict(X), plain.predict(X), rtol=1e-4, atol=1e-4)
+    mixed = np.r_[np.full(100, scale), np.zeros(100)]
+    assert np.isfinite(LatticeRegressor(max_iter=5).fit(X, y, sample_weight=mixed).predict(X)).all()
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize("n_jobs", [2**31, 10**6, -(2**63)])
+def test_n_jobs_beyond_any_machine_is_refused_by_name(n_jobs):
+    X, y = three_feature_table(50)
+    with pytest.raises(ValueError, match=f"n_jobs must be .*got {n_jobs}"):
+        LatticeRegressor(max_iter=2, n_jobs=n_jobs).fit(X, y)
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"random_state": 2**80}, "random_state must be below 2\\*\\*62"),
+        ({"random_state": -1}, "random_state must be an integer >= 0"),
+        ({"learning_rate": math.inf, "solver": "adam"}, "learning_rate must be finite and > 0, got inf"),
+    ],
+    ids=["seed-huge", "seed-negative", "learning-rate-inf"],
+)
+def test_numbers_no_fit_can_use_are_refused_by_the_parameter_given(params, message):
+    X, y = three_feature_table(50)
+    with pytest.raises(ValueError, match=message):
+        LatticeRegressor(max_iter=2, **params).fit(X, y)
+
+
 def test_partial_fit_fine_tunes_on_new_rows_keeping_keypoints():
     X, y = three_feature_table(600)
     model = LatticeRegressor(features={"x0": "increasing"}).partial_fit(X[:300], y[:300])  # fits

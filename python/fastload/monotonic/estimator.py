@@ -62,6 +62,7 @@ the scikit-learn bases (or their stand-ins) and ``set_output`` in
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -69,6 +70,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastload._checks import int_in_range
 from fastload.errors import NotFittedError
 from fastload.monotonic.constraints import check_finite_parameters
 from fastload.monotonic.features import (
@@ -184,11 +186,13 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
     # ---------------------------------------------------------------------------- training
 
     def _seed(self) -> int:
+        """The seed fit draws from: ``random_state``'s int (from 0, below 2**62, so that each
+        output's seed and NumPy's generators take it), or one drawn from its RandomState."""
         if self.random_state is None:
             return int(np.random.randint(2**31))
         if isinstance(self.random_state, np.random.RandomState):
             return int(self.random_state.randint(2**31))
-        return int(self.random_state)
+        return int_in_range(self.random_state, "random_state", minimum=0)
 
     def _place_keypoints(self, x: torch.Tensor, target: np.ndarray) -> None:
         """Moves each numeric feature's keypoints to where ``target`` changes along it
@@ -235,8 +239,8 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             for name in ("max_iter", "n_iter_no_change"):
                 if int(getattr(self, name)) < 1:
                     raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-            if not self.learning_rate > 0:
-                raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+            if not 0 < self.learning_rate < math.inf:
+                raise ValueError(f"learning_rate must be finite and > 0, got {self.learning_rate}")
             self.seed_ = self._seed()  # load builds the same ensemble subsets from it
             if placement is not None:
                 self._place_keypoints(x, placement)
@@ -381,7 +385,7 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     scale * output``, a monotone map, so the guarantees carry over to the predictions. ``score``
     is R^2. Parameters: ``features`` (declarations by name or position), ``lattice_size``
     (vertices per lattice dimension), ``num_keypoints`` (quantile keypoints per numeric
-    feature), ``lattice_rank`` (features per lattice; with more features an ensemble of
+    feature, 2 to 1000, and never more than the feature's distinct values), ``lattice_rank`` (features per lattice; with more features an ensemble of
     ``num_lattices`` lattices, by default enough to use each feature about twice),
     ``solver`` ("lbfgs": full-batch L-BFGS, the default and fastest; "adam": Adam, for
     minibatches), ``max_iter`` (L-BFGS iterations or Adam epochs), ``tol`` (L-BFGS stops once 5

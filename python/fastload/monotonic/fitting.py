@@ -24,6 +24,7 @@ from fastload.monotonic.linear import MonotoneLinear
 from fastload.monotonic.ordinal import CumulativeLink
 
 __all__ = [
+    "MAX_JOBS",
     "TableModel",
     "Training",
     "monotone_violations",
@@ -34,13 +35,20 @@ __all__ = [
 ]
 
 
+# The most threads n_jobs may ask for, either way: past any machine's cores, and torch's thread
+# count is a C int (2**31 threads overflowed it).
+MAX_JOBS = 4096
+
+
 def threads_for(n_jobs: Optional[int]) -> int:
     """Threads for ``n_jobs``, counted as scikit-learn and joblib count them: None is one, -1
     every core this process may run on, -2 all but one, and so on."""
     if n_jobs is None:
         return 1
-    if not is_int(n_jobs) or n_jobs == 0:
-        raise ValueError(f"n_jobs must be a non-zero int or None, got {n_jobs!r}")
+    if not is_int(n_jobs) or n_jobs == 0 or abs(n_jobs) > MAX_JOBS:
+        raise ValueError(
+            f"n_jobs must be a non-zero int or None, from -{MAX_JOBS} to {MAX_JOBS} threads, got {n_jobs!r}"
+        )
     if n_jobs > 0:
         return int(n_jobs)
     return max(1, usable_cores() + 1 + int(n_jobs))
