@@ -95,16 +95,7 @@ from fastload.monotonic.fitting import (
 )
 from fastload.monotonic.keypoints import place_keypoints
 from fastload.monotonic.ordinal import class_probabilities, ordinal_loss
-from fastload.monotonic.persistence import (
-    check_lattice_shapes,
-    load_checked_state,
-    plain_value,
-    read_estimator_file,
-    save_estimator,
-    saved_params,
-    scaled_ensembles,
-    stored_features,
-)
+from fastload.monotonic.persistence import load_estimator, plain_value, save_estimator
 from fastload.monotonic.sklearn_api import BaseEstimator, ClassifierMixin, OutputContainer, RegressorMixin
 
 __all__ = ["LatticeClassifier", "LatticeRegressor"]
@@ -355,27 +346,12 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
         one whose features do not carry exactly those constraints (monotonicity, convexity,
         categorical, missing, and the categories' order where given; not keypoint counts or a
         missing sentinel): what a deployment expects the model to guarantee. Loads with
-        ``weights_only=True``: no code from the file runs."""
-        data = read_estimator_file(path, cls.__name__)
-        estimator = cls(**saved_params(data))
-        stored = stored_features(path, data, estimator.features, features)
-        estimator.features_, estimator.n_features_in_ = stored, len(stored)
-        if data["feature_names_in"] is not None:
-            estimator.feature_names_in_ = np.array(data["feature_names_in"], dtype=object)
-        estimator.keypoints_, estimator.categories_ = data["keypoints"], data["categories"]
-        estimator._restore(data["fitted"])
-        estimator.n_iter_, estimator.seed_ = data["n_iter"], data["seed"]
-        if estimator.kind == "lattice":  # the linear model's size follows from the listed features
-            sizes = {
-                "lattice_size": estimator.lattice_size,
-                "lattice_rank": estimator.lattice_rank,
-                "num_lattices": estimator.num_lattices,
-            }
-            check_lattice_shapes(path, data["state"], sizes, len(stored), estimator._num_outputs())
-        model = estimator._build(estimator._num_outputs(), estimator.seed_, scaled_ensembles(data))
-        load_checked_state(model, data["state"], path)  # refuses a state with other constraints
-        estimator.model_ = model.eval()
-        return estimator
+        ``weights_only=True``: no code from the file runs. Every file that does not load (a
+        named pipe, a folder, a damaged or altered file, parameters of other shapes than its
+        declaration implies, NaN or infinite values) is one ValueError that starts with
+        ``path`` and says what is wrong (:mod:`~fastload.monotonic.persistence`); a missing file
+        is the FileNotFoundError naming it."""
+        return load_estimator(cls, path, features)
 
 
 class LatticeRegressor(RegressorMixin, _LatticeEstimator):
@@ -447,6 +423,12 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
         return {"y_mean": self.y_mean_, "y_scale": self.y_scale_}
 
     def _restore(self, fitted: Dict[str, Any]) -> None:
+        for name in ("y_mean", "y_scale"):
+            value = fitted.get(name)
+            if not isinstance(value, float) or not math.isfinite(value) or (name == "y_scale" and value <= 0):
+                raise ValueError(
+                    f"its {name} is {value!r:.100}, not a finite number (a positive one for y_scale)"
+                )
         self.y_mean_, self.y_scale_ = fitted["y_mean"], fitted["y_scale"]
 
 
@@ -580,5 +562,10 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
         return {"classes": [plain_value(c) for c in self.classes_], "ordinal": self.ordinal_}
 
     def _restore(self, fitted: Dict[str, Any]) -> None:
-        self.classes_ = np.array(fitted["classes"])
-        self.ordinal_ = bool(fitted.get("ordinal", False))  # files saved before ordered classes
+        classes, ordinal = fitted.get("classes"), fitted.get("ordinal", False)
+        if not isinstance(classes, list) or len(set(map(repr, classes))) != len(classes) or len(classes) < 2:
+            raise ValueError(f"its classes {classes!r:.200} are not a list of 2 or more distinct labels")
+        if not isinstance(ordinal, bool):
+            raise ValueError(f"its ordinal is {ordinal!r:.100}, not True or False")
+        self.classes_ = np.array(classes)
+        self.ordinal_ = ordinal  # False in files saved before ordered classes
