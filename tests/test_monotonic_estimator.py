@@ -26,6 +26,7 @@ from monotone_helpers import (
 
 from fastload.monotonic import LatticeClassifier, LatticeRegressor
 from fastload.monotonic.fitting import validation_split
+from fastload.monotonic.regularizers import REGULARIZERS
 
 pytest.importorskip("sklearn")
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
@@ -174,14 +175,48 @@ def test_many_features_that_do_not_matter_still_fit(seed):
 
 def test_validation_fraction_counts_only_with_early_stopping():
     X, y = three_feature_table(200)
-    plain = LatticeRegressor(**FAST).fit(X, y)
-    ignored = LatticeRegressor(validation_fraction=0.5, **FAST).fit(X, y)
+    plain = LatticeRegressor(kind="lattice", **FAST).fit(X, y)
+    ignored = LatticeRegressor(kind="lattice", validation_fraction=0.5, **FAST).fit(X, y)
     np.testing.assert_array_equal(plain.predict(X), ignored.predict(X))
     assert not hasattr(plain, "validation_loss_curve_")
+    chosen = LatticeRegressor(validation_fraction=0.5, **FAST).fit(X, y)  # kind="auto": a small table
+    assert chosen.chosen_params_["early_stopping"] and chosen.chosen_params_["validation_fraction"] == 0.5
     with pytest.raises(ValueError, match="validation_fraction must be in"):
         LatticeRegressor(early_stopping=True, validation_fraction=1.0, **FAST).fit(X, y)
     with pytest.raises(ValueError, match="early_stopping must be True or False"):
         LatticeRegressor(early_stopping="yes", **FAST).fit(X, y)
+
+
+def _noisy_table(n: int, seed: int):
+    """Eight features, two of which matter, under noise as large as their effect."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 1, (n, 8))
+    return X, 2 * X[:, 0] + np.sin(4 * X[:, 1]) + rng.normal(size=n)
+
+
+@pytest.mark.parametrize(("rows", "stops_early"), [(99, False), (100, True), (5000, True), (5001, False)])
+def test_the_default_stops_early_on_small_tables_only(rows, stops_early):
+    X, y = _noisy_table(rows, 0)
+    model = LatticeRegressor(max_iter=3).fit(X, y)
+    assert model.chosen_params_ == {
+        "kind": "lattice",
+        "early_stopping": stops_early,
+        "validation_fraction": 0.1,
+        **dict.fromkeys(REGULARIZERS, 0.0),
+    }
+    assert hasattr(model, "validation_loss_curve_") is stops_early
+
+
+def test_the_default_does_not_overfit_a_small_noisy_table_and_is_reproducible():
+    X, y = _noisy_table(2300, 1)
+    truth = 2 * X[300:, 0] + np.sin(4 * X[300:, 1])
+    default = LatticeRegressor(random_state=3).fit(X[:300], y[:300])
+    to_tolerance = LatticeRegressor(kind="lattice", random_state=3).fit(X[:300], y[:300])
+    error = np.mean((default.predict(X[300:]) - truth) ** 2)
+    assert error < 0.8 * np.mean((to_tolerance.predict(X[300:]) - truth) ** 2)
+    again = LatticeRegressor(random_state=3).fit(X[:300], y[:300])
+    np.testing.assert_array_equal(again.predict(X[300:]), default.predict(X[300:]))
+    assert again.chosen_params_ == default.chosen_params_
 
 
 @settings(max_examples=60, deadline=None)
@@ -386,7 +421,7 @@ def test_a_calibrated_linear_model_is_convex_in_a_convex_feature():
     assert (np.diff(prediction, 2, axis=1) >= -tolerance).all()
     assert (np.diff(prediction, axis=1) <= tolerance).all()
     assert all(worst <= tolerance for worst in model.check_monotone(X).values())
-    with pytest.raises(ValueError, match="kind must be 'lattice' or 'linear'"):
+    with pytest.raises(ValueError, match="kind must be one of"):
         LatticeRegressor(kind="tree", max_iter=2).fit(X, y)
 
 

@@ -31,6 +31,7 @@ def test_save_and_load_round_trip(tmp_path):
     loaded = LatticeRegressor.load(tmp_path / "model.pt", features={"x0": declared["x0"]})
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
     assert loaded.get_params() == model.get_params()
+    assert loaded.chosen_params_ == model.chosen_params_ and loaded.chosen_params_["early_stopping"]
     labels = (y > 2).astype(int)
     classifier = LatticeClassifier(features={0: "categorical", 1: {"missing": True}}, max_iter=20).fit(
         X, labels
@@ -61,6 +62,8 @@ def test_a_file_saved_before_ensembles_scaled_their_parameters_loads_as_it_was(t
     (raw_name,) = [name for name in data["state"] if name.endswith("bank.raw")]
     data["state"][raw_name] = data["state"][raw_name] * 3  # what format 1 stored for this model
     data["format"] = "fastload.monotonic.estimator/1"
+    data["params"]["kind"] = "lattice"  # format 1 held the model's kind; it chose none
+    del data["chosen_params"]
     torch.save(data, tmp_path / "format1.pt")
     np.testing.assert_allclose(
         LatticeRegressor.load(tmp_path / "format1.pt").predict(X), model.predict(X), rtol=1e-5
@@ -166,7 +169,9 @@ def test_a_file_declaring_other_sizes_than_it_holds_is_refused_before_building(
     tmp_path, params, edit, message
 ):
     path = _ensemble_file(tmp_path, **params)
-    _tamper(path, lambda d: d["params"].update(edit))
+    # The model's kind is the one fit chose (chosen_params), which "kind" edits there too.
+    chosen = {k: v for k, v in edit.items() if k == "kind"}
+    _tamper(path, lambda d: (d["params"].update(edit), d["chosen_params"].update(chosen)))
     with pytest.raises(ValueError, match=rf"^{path}: .*{message}"):
         LatticeRegressor.load(path)
 
@@ -336,6 +341,8 @@ def _truncate(path):
         (lambda p: _tamper(p, _set("keypoints", 0, [0.0, float("nan")])), "keypoints of 'x0'"),
         (lambda p: _tamper(p, _set("params", "learning_rates", 1.0)), "learning_rates"),
         (lambda p: _tamper(p, _set("params", "kind", "tree")), "kind must be"),
+        (lambda p: _tamper(p, _set("chosen_params", "kind", "tree")), "kind must be"),
+        (lambda p: _tamper(p, _set("chosen_params", "l2", -1.0)), "l2 must be"),
         (lambda p: _tamper(p, _set("params", "n_jobs", 2**31)), "n_jobs"),
         (lambda p: _tamper(p, _set("fitted", {})), "y_mean"),
         (lambda p: _tamper(p, _set("fitted", "y_scale", float("inf"))), "y_scale"),
@@ -358,6 +365,8 @@ def _truncate(path):
         "keypoints-nan",
         "unknown-param",
         "bad-kind",
+        "bad-chosen-kind",
+        "negative-l2",
         "n_jobs",
         "no-y_mean",
         "y_scale-inf",

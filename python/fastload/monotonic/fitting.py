@@ -22,6 +22,7 @@ from fastload.monotonic.features import Feature
 from fastload.monotonic.lattice import Lattice, LatticeEnsemble
 from fastload.monotonic.linear import MonotoneLinear
 from fastload.monotonic.ordinal import CumulativeLink
+from fastload.monotonic.regularizers import Regularization
 
 __all__ = [
     "MAX_JOBS",
@@ -178,6 +179,11 @@ class TableModel(nn.Module):
             out = torch.stack([lattice(calibrated) for lattice in self.lattices], 1)
         return out if self.link is None else self.link(out[:, 0])
 
+    def penalty(self, regularization: Regularization) -> torch.Tensor:
+        """The regularisers' sum over this model's calibrators, lattices and linear layer
+        (:mod:`~fastload.monotonic.regularizers`)."""
+        return regularization.penalty(self.calibrators, self.lattices, self.linear)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         check_declared_buffer(
             self,
@@ -228,6 +234,7 @@ def train_table_model(
     validation_fraction: Optional[float],
     n_iter_no_change: int,
     stratify: Optional[torch.Tensor] = None,
+    regularization: Optional[Regularization] = None,
 ) -> Training:
     """Trains ``model`` in place. ``loss`` gives each sample's loss; the training loss is their
     mean weighted by ``weights`` (sample weights; None: equal).
@@ -246,7 +253,9 @@ def train_table_model(
     share of the rows, drawn from ``seed`` within each class of ``stratify`` (a classifier's
     codes, so every class is in both parts), is held out; training stops after
     ``n_iter_no_change`` rounds without a better validation loss and keeps the best round's
-    parameters."""
+    parameters. ``regularization``'s penalty (:meth:`TableModel.penalty`) adds to the loss
+    that either solver minimises (once per L-BFGS evaluation, once per Adam step); the L-BFGS
+    curve is that objective, Adam's the rows' loss, and the validation loss never has it."""
     if solver not in ("lbfgs", "adam"):
         raise ValueError(f"solver must be 'lbfgs' or 'adam', got {solver!r}")
     if not tol >= 0:
@@ -266,6 +275,7 @@ def train_table_model(
     located = model.locate(train_x)
     val_located = None if val_x is None else model.locate(val_x)
     stopping = _EarlyStopping(model, val_located, val_t, val_w, loss, n_iter_no_change)
+    penalty = (lambda: model.penalty(regularization)) if regularization else None  # None or all 0
     if solver == "lbfgs":
         curve: List[float] = []
         if len(train_t) > SUBSAMPLE_ROWS:
@@ -273,12 +283,24 @@ def train_table_model(
             # optimum is already close for a model of a few hundred parameters.
             rows = torch.randperm(len(train_t), generator=generator)[:SUBSAMPLE_ROWS]
             sample = [at.take(rows) for at in located]
-            curve += _lbfgs(model, sample, train_t[rows], train_w[rows], loss, int(max_iter), tol, stopping)
+            curve += _lbfgs(
+                model, sample, train_t[rows], train_w[rows], loss, int(max_iter), tol, stopping, penalty
+            )
             max_iter = min(int(max_iter), POLISH_ITER)
-        curve += _lbfgs(model, located, train_t, train_w, loss, int(max_iter), tol, stopping)
+        curve += _lbfgs(model, located, train_t, train_w, loss, int(max_iter), tol, stopping, penalty)
     else:
         curve = _adam(
-            model, located, train_t, train_w, loss, int(max_iter), learning_rate, batch, generator, stopping
+            model,
+            located,
+            train_t,
+            train_w,
+            loss,
+            int(max_iter),
+            learning_rate,
+            batch,
+            generator,
+            stopping,
+            penalty,
         )
     stopping.restore_best()
     return Training(curve, stopping.curve)
@@ -342,7 +364,7 @@ SUBSAMPLE_ROWS, POLISH_ITER = 32768, 3
 
 
 def _lbfgs(
-    model, located, target, weights, loss, max_iter: int, tol: float, stopping: _EarlyStopping
+    model, located, target, weights, loss, max_iter: int, tol: float, stopping: _EarlyStopping, penalty
 ) -> List[float]:
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -378,6 +400,11 @@ def _lbfgs(
             share = (loss(model.evaluate(part), part_target) * part_weights).sum() / total
             share.backward()
             value += share.item()
+        if penalty is not None:
+            extra = penalty()
+            if extra.requires_grad:  # a penalty over no parameter (a one-input lattice's torsion) is 0
+                extra.backward()
+            value += extra.item()
         evaluations.append((here, value, [p.grad.clone() for p in params]))
         return torch.tensor(value)
 
@@ -404,7 +431,7 @@ def _lbfgs(
 
 
 def _adam(
-    model, located, target, weights, loss, max_iter, learning_rate, batch, generator, stopping
+    model, located, target, weights, loss, max_iter, learning_rate, batch, generator, stopping, penalty
 ) -> List[float]:
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     curve: List[float] = []
@@ -417,6 +444,8 @@ def _adam(
             batch_weights = weights[rows]
             losses = loss(model.evaluate([at.take(rows) for at in located]), target[rows]) * batch_weights
             step_loss = losses.sum() / batch_weights.sum()
+            if penalty is not None:
+                step_loss = step_loss + penalty()
             optimizer.zero_grad()
             step_loss.backward()
             optimizer.step()

@@ -28,14 +28,18 @@ import torch
 from torch import nn
 
 from fastload.files import read_regular_file, replace_atomically
+from fastload.monotonic.capacity import KINDS, Capacity
 from fastload.monotonic.features import MAX_KEYPOINTS, Feature, declared_features
 from fastload.monotonic.fitting import TableModel, threads_for
+from fastload.monotonic.regularizers import REGULARIZERS, Regularization
 
 __all__ = [
     "FORMAT",
+    "FORMATS",
     "MAX_MODEL_FILE_BYTES",
     "check_lattice_shapes",
     "check_keypoints",
+    "chosen_params",
     "check_state_shapes",
     "load_checked_state",
     "load_estimator",
@@ -48,9 +52,13 @@ __all__ = [
     "stored_features",
 ]
 
-FORMAT = "fastload.monotonic.estimator/2"
-# Format 1: the same contents, saved before ensembles scaled their vertex parameters.
+FORMAT = "fastload.monotonic.estimator/3"
+# Format 2: the same contents, saved before the estimators chose their capacity (kind="auto")
+# and had regularisers: no "chosen_params", and their kind is the model's.
+UNCHOSEN_FORMAT = "fastload.monotonic.estimator/2"
+# Format 1: as format 2, saved before ensembles scaled their vertex parameters.
 UNSCALED_FORMAT = "fastload.monotonic.estimator/1"
+FORMATS = (FORMAT, UNCHOSEN_FORMAT, UNSCALED_FORMAT)
 # The largest model file load reads: a model's lattices hold at most MAX_LATTICE_ENTRIES
 # (2**24) float32 values per output, 64 MiB, so this leaves room for a few outputs.
 MAX_MODEL_FILE_BYTES = 2**30
@@ -165,6 +173,7 @@ def save_estimator(estimator, fitted: Dict[str, Any], path: Union[str, Path]) ->
         "keypoints": estimator.keypoints_,
         "categories": [None if c is None else [plain_value(v) for v in c] for c in estimator.categories_],
         "fitted": fitted,
+        "chosen_params": estimator.chosen_params_,
         "n_iter": estimator.n_iter_,
         "seed": estimator.seed_,
         "state": estimator.model_.state_dict(),
@@ -190,7 +199,7 @@ def read_estimator_file(path: Union[str, Path], estimator: str) -> Dict[str, Any
                 f"{path}: not a model file: it refers to {found.group(1)}, and no code from a file runs"
             ) from None
         raise ValueError(f"{path}: not a readable model file ({_reading_failure(exc)})") from None
-    if not isinstance(data, dict) or data.get("format") not in (FORMAT, UNSCALED_FORMAT):
+    if not isinstance(data, dict) or data.get("format") not in FORMATS:
         raise ValueError(f"{path} is not a file written by {estimator}.save")
     _check_fields(path, data)
     if data["estimator"] != estimator:
@@ -285,6 +294,26 @@ def check_keypoints(
             raise ValueError(
                 f"{path}: the keypoints of {feature.name!r} are not finite and increasing; the file was altered"
             )
+
+
+def chosen_params(data: Dict[str, Any]) -> Dict[str, Any]:
+    """What a file's model was fitted with (``chosen_params_``: kind, early stopping,
+    regularisers), checked: a file saved before fit chose them was fitted with its parameters'
+    kind and early stopping, and no regulariser."""
+    if data["format"] != FORMAT:
+        params = saved_params(data)
+        return Capacity(
+            params.get("kind"),
+            Regularization(),
+            params["early_stopping"],
+            params.get("validation_fraction", 0.1),
+        ).params()
+    chosen = data.get("chosen_params")
+    fields = set(Capacity._fields) - {"regularization"} | set(REGULARIZERS)
+    if not isinstance(chosen, dict) or set(chosen) != fields:
+        raise ValueError(f"its chosen_params {chosen!r:.200} do not hold just {sorted(fields)}")
+    Capacity.of(chosen)  # refuses a strength that is not a finite number >= 0
+    return dict(chosen)
 
 
 def scaled_ensembles(data: Dict[str, Any]) -> bool:
@@ -457,6 +486,8 @@ def load_estimator(cls, path: Union[str, Path], features: Optional[Dict[Union[st
         if unknown:
             raise ValueError(f"{path}: it sets parameters {cls.__name__} does not have: {unknown}")
         estimator = cls(**params)
+        if estimator.kind not in KINDS:
+            raise ValueError(f"kind must be one of {list(KINDS)}, got {estimator.kind!r}")
         threads_for(estimator.n_jobs)  # refused by name here, not at the first predict
         stored = stored_features(path, data, estimator.features, features)
         check_keypoints(path, stored, data["keypoints"], data["categories"])
@@ -466,15 +497,17 @@ def load_estimator(cls, path: Union[str, Path], features: Optional[Dict[Union[st
         estimator.keypoints_, estimator.categories_ = data["keypoints"], data["categories"]
         estimator._restore(data["fitted"])
         estimator.n_iter_, estimator.seed_ = data["n_iter"], data["seed"]
+        chosen = chosen_params(data)
+        estimator.kind_, estimator.chosen_params_ = chosen["kind"], chosen
         outputs = estimator._num_outputs()
-        if estimator.kind == "lattice":  # the linear model's size follows from the listed features
+        if estimator.kind_ == "lattice":  # the linear model's size follows from the listed features
             sizes = {
                 "lattice_size": estimator.lattice_size,
                 "lattice_rank": estimator.lattice_rank,
                 "num_lattices": estimator.num_lattices,
             }
             check_lattice_shapes(path, data["state"], sizes, len(stored), outputs)
-        elif estimator.kind == "linear":  # any other kind is refused by the model
+        elif estimator.kind_ == "linear":  # any other kind is refused by the model
             check_linear_shape(path, data["state"], len(stored), outputs)
         model = estimator._build(outputs, estimator.seed_, scaled_ensembles(data))
         check_state_shapes(path, model, data["state"])
