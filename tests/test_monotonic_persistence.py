@@ -210,12 +210,18 @@ def test_numpy_values_in_the_parameters_save_as_plain_values(tmp_path):
         "x2": {"missing": np.float64(-1.0)},
     }
     model = LatticeRegressor(
-        features=declared, num_keypoints=np.int64(5), learning_rate=np.float64(0.05), max_iter=np.int64(2)
+        features=declared,
+        num_keypoints=np.int64(5),
+        learning_rate=np.float64(0.05),
+        max_iter=np.int64(2),
+        lattice_torsion=np.float32(0.5),
+        validation_fraction=np.float64(0.2),
     )
     model.fit(X, y).save(tmp_path / "m.pt")
     loaded = LatticeRegressor.load(tmp_path / "m.pt")
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
     assert loaded.get_params()["num_keypoints"] == 5
+    assert loaded.chosen_params_["lattice_torsion"] == 0.5
     model.set_params(features={"x0": {"categories": [object(), "a"]}})  # not refitted: save reads it
     with pytest.raises(ValueError, match="parameter 'features'"):
         model.save(tmp_path / "unsavable.pt")

@@ -173,7 +173,7 @@ def save_estimator(estimator, fitted: Dict[str, Any], path: Union[str, Path]) ->
         "keypoints": estimator.keypoints_,
         "categories": [None if c is None else [plain_value(v) for v in c] for c in estimator.categories_],
         "fitted": fitted,
-        "chosen_params": estimator.chosen_params_,
+        "chosen_params": _plain_param(estimator.chosen_params_, "chosen_params_"),
         "n_iter": estimator.n_iter_,
         "seed": estimator.seed_,
         "state": estimator.model_.state_dict(),

@@ -30,6 +30,7 @@ Lattice's l2 forms), smooth in the parameters as L-BFGS needs:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Sequence
 
@@ -57,10 +58,11 @@ class Regularization:
         for name, value in self.items().items():
             if (
                 isinstance(value, bool)
-                or not isinstance(value, (int, float))
+                or not isinstance(value, numbers.Real)
                 or not 0 <= value < float("inf")
             ):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))  # a NumPy scalar saves as a plain float
 
     @classmethod
     def of(cls, params: Dict[str, Any]) -> Regularization:
@@ -68,12 +70,11 @@ class Regularization:
         return cls(**{name: params[name] for name in REGULARIZERS})
 
     def items(self) -> Dict[str, float]:
+        """Each regulariser's name and strength."""
         return {name: getattr(self, name) for name in REGULARIZERS}
 
-    def plus(self, other: Regularization) -> Regularization:
-        return Regularization(**{name: getattr(self, name) + getattr(other, name) for name in REGULARIZERS})
-
     def __bool__(self) -> bool:
+        """Whether any strength is above 0 (training adds no penalty otherwise)."""
         return any(self.items().values())
 
     def penalty(
