@@ -202,6 +202,7 @@ def test_the_default_stops_early_on_small_tables_only(rows, stops_early):
         "kind": "lattice",
         "early_stopping": stops_early,
         "validation_fraction": 0.1,
+        "straight_start": stops_early,
         **dict.fromkeys(REGULARIZERS, 0.0),
     }
     assert hasattr(model, "validation_loss_curve_") is stops_early

@@ -226,6 +226,7 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             self.kind_,
             self._ordinal_classes(),
             scaled,
+            Capacity.of(self.chosen_params_).straight_start,
         )
 
     def _ordinal_classes(self) -> Optional[int]:

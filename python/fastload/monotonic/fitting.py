@@ -75,7 +75,9 @@ class TableModel(nn.Module):
     ``constraints`` buffer, one row (monotonicity, convexity, categorical, missing) per
     feature, is checked against a loaded state, so a state cannot bring other constraints. An
     ensemble's vertex parameters are scaled by its lattice count (``scaled_ensembles``; False:
-    as in model files saved before that, whose parameters mean unscaled values)."""
+    as in model files saved before that, whose parameters mean unscaled values). With
+    ``straight_start`` the numeric calibrators start as straight lines in their inputs
+    (:class:`~fastload.monotonic.PWLCalibrator`)."""
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class TableModel(nn.Module):
         kind: str,
         ordinal_classes: Optional[int] = None,
         scaled_ensembles: bool = True,
+        straight_start: bool = False,
     ):
         if int(lattice_size) < 2:
             raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
@@ -119,6 +122,7 @@ class TableModel(nn.Module):
                             output_max=top,
                             convexity=feature.convexity,
                             impute_missing=feature.missing,
+                            straight_start=straight_start,
                         )
                     )
             self.calibrators = nn.ModuleList(calibrators)

@@ -298,8 +298,8 @@ def check_keypoints(
 
 def chosen_params(data: Dict[str, Any]) -> Dict[str, Any]:
     """What a file's model was fitted with (``chosen_params_``: kind, early stopping,
-    regularisers), checked: a file saved before fit chose them was fitted with its parameters'
-    kind and early stopping, and no regulariser."""
+    regularisers, how its calibrators started), checked: a file saved before fit chose them was
+    fitted with its parameters' kind and early stopping, no regulariser, and even steps."""
     if data["format"] != FORMAT:
         params = saved_params(data)
         return Capacity(
@@ -307,6 +307,7 @@ def chosen_params(data: Dict[str, Any]) -> Dict[str, Any]:
             Regularization(),
             params["early_stopping"],
             params.get("validation_fraction", 0.1),
+            False,
         ).params()
     chosen = data.get("chosen_params")
     fields = set(Capacity._fields) - {"regularization"} | set(REGULARIZERS)
