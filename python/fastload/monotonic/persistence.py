@@ -313,7 +313,7 @@ def chosen_params(data: Dict[str, Any]) -> Dict[str, Any]:
     fields = set(Capacity._fields) - {"regularization"} | set(REGULARIZERS)
     if not isinstance(chosen, dict) or set(chosen) != fields:
         raise ValueError(f"its chosen_params {chosen!r:.200} do not hold just {sorted(fields)}")
-    Capacity.of(chosen)  # refuses a strength that is not a finite number >= 0
+    Capacity.of(chosen)  # refuses a strength out of range
     return dict(chosen)
 
 

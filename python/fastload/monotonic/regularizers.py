@@ -39,7 +39,11 @@ from torch import nn
 
 from fastload.monotonic.calibrators import PWLCalibrator
 
-__all__ = ["REGULARIZERS", "Regularization"]
+__all__ = ["MAX_STRENGTH", "REGULARIZERS", "Regularization"]
+
+# The strongest a regulariser may be: at 1 it already dominates any fit, and the penalty, in
+# float32, would overflow to infinity near 1e308 (a diverged fit, not a refusal by name).
+MAX_STRENGTH = 1e6
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,9 @@ class Regularization:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, numbers.Real)
-                or not 0 <= value < float("inf")
+                or not 0 <= value <= MAX_STRENGTH
             ):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(f"{name} must be a number from 0 to {MAX_STRENGTH:g}, got {value!r}")
             object.__setattr__(self, name, float(value))  # a NumPy scalar saves as a plain float
 
     @classmethod
