@@ -211,6 +211,24 @@ def test_calibrator_starts_as_a_ramp_from_its_initial_range():
     )
 
 
+@pytest.mark.parametrize("monotonicity", [-1, 0, 1])
+def test_a_straight_start_is_a_line_in_the_input_whatever_the_keypoints(monotonicity):
+    """What a small table's fit starts from (kind="auto" stops early near it)."""
+    points = [0.0, 1.0, 10.0, 100.0]
+    cal = PWLCalibrator(
+        input_keypoints=points, monotonicity=monotonicity, initial_range=(0.0, 3.0), straight_start=True
+    )
+    line = torch.tensor([0.0, 0.03, 0.3, 3.0])
+    expected = 3.0 - line if monotonicity < 0 else line
+    torch.testing.assert_close(cal.keypoint_outputs().detach(), expected, atol=1e-4, rtol=0)
+    bounded = PWLCalibrator(
+        input_keypoints=points, monotonicity=monotonicity, output_min=0.0, output_max=1.0, straight_start=True
+    )
+    outputs = bounded.keypoint_outputs().detach()
+    steps = outputs.diff() / torch.tensor(points).diff().float()
+    assert (steps.diff().abs() < 0.05 * steps.abs().max()).all()
+
+
 @pytest.mark.parametrize("bounds", [(None, None), (0.0, 2.0)])
 def test_missing_inputs_take_a_learned_output(bounds):
     cal = PWLCalibrator(5, 0.0, 1.0, 1, *bounds, missing_input_value=-1.0)

@@ -26,6 +26,7 @@ from monotone_helpers import (
 
 from fastload.monotonic import LatticeClassifier, LatticeRegressor
 from fastload.monotonic.fitting import validation_split
+from fastload.monotonic.regularizers import REGULARIZERS
 
 pytest.importorskip("sklearn")
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
@@ -174,14 +175,49 @@ def test_many_features_that_do_not_matter_still_fit(seed):
 
 def test_validation_fraction_counts_only_with_early_stopping():
     X, y = three_feature_table(200)
-    plain = LatticeRegressor(**FAST).fit(X, y)
-    ignored = LatticeRegressor(validation_fraction=0.5, **FAST).fit(X, y)
+    plain = LatticeRegressor(kind="lattice", **FAST).fit(X, y)
+    ignored = LatticeRegressor(kind="lattice", validation_fraction=0.5, **FAST).fit(X, y)
     np.testing.assert_array_equal(plain.predict(X), ignored.predict(X))
     assert not hasattr(plain, "validation_loss_curve_")
+    chosen = LatticeRegressor(validation_fraction=0.5, **FAST).fit(X, y)  # kind="auto": a small table
+    assert chosen.chosen_params_["early_stopping"] and chosen.chosen_params_["validation_fraction"] == 0.5
     with pytest.raises(ValueError, match="validation_fraction must be in"):
         LatticeRegressor(early_stopping=True, validation_fraction=1.0, **FAST).fit(X, y)
     with pytest.raises(ValueError, match="early_stopping must be True or False"):
         LatticeRegressor(early_stopping="yes", **FAST).fit(X, y)
+
+
+def _noisy_table(n: int, seed: int):
+    """Eight features, two of which matter, under noise as large as their effect."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 1, (n, 8))
+    return X, 2 * X[:, 0] + np.sin(4 * X[:, 1]) + rng.normal(size=n)
+
+
+@pytest.mark.parametrize(("rows", "stops_early"), [(99, False), (100, True), (5000, True), (5001, False)])
+def test_the_default_stops_early_on_small_tables_only(rows, stops_early):
+    X, y = _noisy_table(rows, 0)
+    model = LatticeRegressor(max_iter=3).fit(X, y)
+    assert model.chosen_params_ == {
+        "kind": "lattice",
+        "early_stopping": stops_early,
+        "validation_fraction": 0.1,
+        "straight_start": stops_early,
+        **dict.fromkeys(REGULARIZERS, 0.0),
+    }
+    assert hasattr(model, "validation_loss_curve_") is stops_early
+
+
+def test_the_default_does_not_overfit_a_small_noisy_table_and_is_reproducible():
+    X, y = _noisy_table(2300, 1)
+    truth = 2 * X[300:, 0] + np.sin(4 * X[300:, 1])
+    default = LatticeRegressor(random_state=3).fit(X[:300], y[:300])
+    to_tolerance = LatticeRegressor(kind="lattice", random_state=3).fit(X[:300], y[:300])
+    error = np.mean((default.predict(X[300:]) - truth) ** 2)
+    assert error < 0.8 * np.mean((to_tolerance.predict(X[300:]) - truth) ** 2)
+    again = LatticeRegressor(random_state=3).fit(X[:300], y[:300])
+    np.testing.assert_allclose(again.predict(X[300:]), default.predict(X[300:]), rtol=1e-6, atol=1e-9)
+    assert again.chosen_params_ == default.chosen_params_
 
 
 @settings(max_examples=60, deadline=None)
@@ -386,7 +422,7 @@ def test_a_calibrated_linear_model_is_convex_in_a_convex_feature():
     assert (np.diff(prediction, 2, axis=1) >= -tolerance).all()
     assert (np.diff(prediction, axis=1) <= tolerance).all()
     assert all(worst <= tolerance for worst in model.check_monotone(X).values())
-    with pytest.raises(ValueError, match="kind must be 'lattice' or 'linear'"):
+    with pytest.raises(ValueError, match="kind must be one of"):
         LatticeRegressor(kind="tree", max_iter=2).fit(X, y)
 
 
@@ -415,6 +451,43 @@ def test_bad_sample_weights_are_refused(weights, message):
     X, y = three_feature_table(400)
     with pytest.raises(ValueError, match=message):
         LatticeRegressor(max_iter=2).fit(X, y, sample_weight=weights)
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize("scale", [1e308, 1e-320], ids=["huge", "subnormal"])
+def test_sample_weights_at_the_ends_of_float64_fit_as_their_ratios_do(scale):
+    """Only the weights' ratios matter: weights of 1e308 (whose sum overflows) or 1e-320 (a
+    subnormal, zero in float32) fit the model that weights of one fit."""
+    X, y = three_feature_table(200)
+    plain = LatticeRegressor(max_iter=20).fit(X, y)
+    scaled = LatticeRegressor(max_iter=20).fit(X, y, sample_weight=np.full(200, scale))
+    np.testing.assert_allclose(scaled.predict(X), plain.predict(X), rtol=1e-4, atol=1e-4)
+    mixed = np.r_[np.full(100, scale), np.zeros(100)]
+    assert np.isfinite(LatticeRegressor(max_iter=5).fit(X, y, sample_weight=mixed).predict(X)).all()
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize("n_jobs", [2**31, 10**6, -(2**63)])
+def test_n_jobs_beyond_any_machine_is_refused_by_name(n_jobs):
+    X, y = three_feature_table(50)
+    with pytest.raises(ValueError, match=f"n_jobs must be .*got {n_jobs}"):
+        LatticeRegressor(max_iter=2, n_jobs=n_jobs).fit(X, y)
+
+
+@pytest.mark.safety
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"random_state": 2**80}, "random_state must be below 2\\*\\*62"),
+        ({"random_state": -1}, "random_state must be an integer >= 0"),
+        ({"learning_rate": math.inf, "solver": "adam"}, "learning_rate must be finite and > 0, got inf"),
+    ],
+    ids=["seed-huge", "seed-negative", "learning-rate-inf"],
+)
+def test_numbers_no_fit_can_use_are_refused_by_the_parameter_given(params, message):
+    X, y = three_feature_table(50)
+    with pytest.raises(ValueError, match=message):
+        LatticeRegressor(max_iter=2, **params).fit(X, y)
 
 
 def test_partial_fit_fine_tunes_on_new_rows_keeping_keypoints():

@@ -110,6 +110,48 @@ def test_the_keypoint_count_is_checked(count):
         LatticeRegressor(num_keypoints=count, max_iter=2).fit(X, y)
 
 
+@pytest.mark.safety
+def test_the_keypoint_count_is_bounded_for_the_estimator_and_each_feature():
+    X, y = three_feature_table(50)
+    with pytest.raises(ValueError, match="num_keypoints must be an int >= 2 and <= 1000, got 3000000"):
+        LatticeRegressor(num_keypoints=3_000_000, max_iter=2).fit(X, y)
+    with pytest.raises(ValueError, match="feature 'x1': num_keypoints must be an int >= 2 and <= 1000"):
+        LatticeRegressor(features={"x1": {"num_keypoints": 10**7}}, max_iter=2).fit(X, y)
+
+
+def test_keypoints_are_capped_by_the_distinct_values_of_a_feature(monkeypatch):
+    """Quantiles at more positions than a feature has values only repeat them: the count asked
+    for is cut to the values before any is computed."""
+    X, y = three_feature_table(200)
+    X[:, 1] = np.round(X[:, 1] * 4)  # five distinct values
+    quantile = np.quantile
+    positions = []
+
+    def counted(values, q, *args, **kwargs):
+        positions.append(np.size(q))
+        return quantile(values, q, *args, **kwargs)
+
+    monkeypatch.setattr(np, "quantile", counted)
+    model = LatticeRegressor(num_keypoints=1000, max_iter=2).fit(X, y)
+    assert len(model.keypoints_[1]) <= 5
+    assert max(positions) <= 200  # never more positions than rows, let alone 1000
+    assert_monotone_up_to_rounding(model, X)
+
+
+@pytest.mark.safety
+def test_a_value_beyond_float32_names_the_feature_not_a_parameter():
+    X, y = three_feature_table(50)
+    X[0, 2] = 1e308
+    with pytest.raises(ValueError, match="feature 'x2' holds 1e\\+308, beyond float32") as err:
+        LatticeRegressor(max_iter=2).fit(X, y)
+    assert "input_keypoints" not in str(err.value)
+    model = LatticeRegressor(max_iter=2).fit(*three_feature_table(50))
+    with pytest.raises(ValueError, match="feature 'x2' holds -1e\\+308, beyond float32"):
+        model.predict(np.array([[0.0, 0.0, -1e308]]))
+    with pytest.raises(ValueError, match="Input y holds 1e\\+308, beyond float32"):
+        LatticeRegressor(max_iter=2).fit(X[1:], np.r_[np.zeros(48), 1e308])
+
+
 def test_text_in_a_numeric_column_at_predict_time_names_the_feature():
     pandas = pytest.importorskip("pandas")
     X, y = three_feature_table(30)

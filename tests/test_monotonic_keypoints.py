@@ -45,11 +45,14 @@ def mse_against(model, target, seed: int = 1):
 @pytest.mark.parametrize("where", [0.137, 0.5, 0.613])
 def test_a_step_between_quantile_keypoints_is_fitted_by_default(where):
     """With 10 keypoints at quantiles a jump of 2 becomes a ramp over a tenth of the range:
-    a test MSE of about 2^2 * 0.11 / 12 = 0.037. Placed keypoints bring it under a tenth of that."""
+    a test MSE of about 2^2 * 0.11 / 12 = 0.037. Placed keypoints bring it under a tenth of that.
+    Fitted to L-BFGS's tolerance, as the default fits a table past 5,000 rows: the placement is
+    what this measures, not early stopping, which a 5,000-row table gets from the default."""
     X = uniform_rows(5000, 3)
     target = lambda X: 2.0 * (X[:, 1] > where)  # noqa: E731
     y = target(X) + 0.1 * np.random.default_rng(2).normal(size=len(X))
-    model = LatticeRegressor(features={"x0": "increasing", "x1": "increasing", "x2": "increasing"}).fit(X, y)
+    features = {"x0": "increasing", "x1": "increasing", "x2": "increasing"}
+    model = LatticeRegressor(features=features, kind="lattice").fit(X, y)
     assert mse_against(model, target) < 0.0037
     assert max(model.check_monotone(X[:300]).values()) <= 1e-5
 

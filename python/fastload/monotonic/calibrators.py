@@ -118,7 +118,9 @@ class PWLCalibrator(nn.Module):
     information through: the identity on evenly spaced keypoints, equal steps between given
     ones (a straight line when convex or concave, the only ramp that is both), across the middle
     of the bounds when bounded (all of them when also convex or concave), or from
-    ``initial_range``.
+    ``initial_range``. With ``straight_start`` every calibrator starts as the straight line in
+    its input: what a model stopped early on a small table stays near (the estimators'
+    ``kind="auto"``, :mod:`fastload.monotonic.capacity`).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class PWLCalibrator(nn.Module):
         initial_range: Optional[Tuple[float, float]] = None,
         impute_missing: bool = False,
         missing_input_value: Optional[float] = None,
+        straight_start: bool = False,
     ):
         super().__init__()
         if input_keypoints is not None:
@@ -171,10 +174,11 @@ class PWLCalibrator(nn.Module):
 
         fraction = torch.linspace(0.0, 1.0, self.num_keypoints)
         positions = self._keypoints(torch.device("cpu")).float()
-        if self.convexity:  # a straight line in x
+        straight = bool(self.convexity) or straight_start
+        if straight:  # a straight line in x
             fraction = (positions - self.input_min) / (self.input_max - self.input_min)
         if self.monotonicity < 0:
-            fraction = 1 - fraction if self.convexity else fraction.flip(0)
+            fraction = 1 - fraction if straight else fraction.flip(0)
         low, high = initial_range if initial_range is not None else (self.input_min, self.input_max)
         target = initial_raw(fraction, output_min is not None, low, high)
         if self.convexity:

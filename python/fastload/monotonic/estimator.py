@@ -38,6 +38,13 @@ array's columns are named ``x0``, ``x1``, ... (or declared by position); a DataF
 names are strings (``str`` of each when some are not). NaN in a feature not
 declared ``missing`` is an error, as in scikit-learn.
 
+How much the model may fit (:mod:`~fastload.monotonic.capacity`): with ``kind="auto"``, the
+default, a lattice; a table of 100 to 5,000 rows is fitted with early stopping (a tenth of its
+rows held out, from ``random_state``), so that a few hundred rows are not overfitted, and a
+larger one to L-BFGS's tolerance, as fast and accurate as before. What fit chose is
+``chosen_params_``. The regularisers, TF Lattice's (``calibrator_laplacian`` and the others
+:mod:`~fastload.monotonic.regularizers` lists, each 0 by default), shape the fit, never the constraints.
+
 ``kind="linear"`` replaces the lattice by a weighted sum of the calibrated features (TF
 Lattice's calibrated linear model): weights are non-negative on monotone, convex and concave
 features, so a convex (concave) feature makes the prediction itself convex (concave) in it
@@ -62,6 +69,7 @@ the scikit-learn bases (or their stand-ins) and ``set_output`` in
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -69,7 +77,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastload._checks import int_in_range
 from fastload.errors import NotFittedError
+from fastload.monotonic.capacity import Capacity, choose_capacity
 from fastload.monotonic.constraints import check_finite_parameters
 from fastload.monotonic.features import (
     Feature,
@@ -93,16 +103,7 @@ from fastload.monotonic.fitting import (
 )
 from fastload.monotonic.keypoints import place_keypoints
 from fastload.monotonic.ordinal import class_probabilities, ordinal_loss
-from fastload.monotonic.persistence import (
-    check_lattice_shapes,
-    load_checked_state,
-    plain_value,
-    read_estimator_file,
-    save_estimator,
-    saved_params,
-    scaled_ensembles,
-    stored_features,
-)
+from fastload.monotonic.persistence import load_estimator, plain_value, save_estimator
 from fastload.monotonic.sklearn_api import BaseEstimator, ClassifierMixin, OutputContainer, RegressorMixin
 
 __all__ = ["LatticeClassifier", "LatticeRegressor"]
@@ -128,9 +129,15 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
         validation_fraction: float = 0.1,
         n_iter_no_change: int = 20,
         random_state: Optional[int] = 0,
-        kind: str = "lattice",
+        kind: str = "auto",
         n_jobs: Optional[int] = None,
         ordinal: bool = False,
+        calibrator_laplacian: float = 0.0,
+        calibrator_hessian: float = 0.0,
+        calibrator_wrinkle: float = 0.0,
+        lattice_laplacian: float = 0.0,
+        lattice_torsion: float = 0.0,
+        l2: float = 0.0,
     ):
         self.features = features
         self.lattice_size = lattice_size
@@ -149,6 +156,12 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
         self.kind = kind
         self.n_jobs = n_jobs
         self.ordinal = ordinal  # LatticeClassifier's: its classes are ordered
+        self.calibrator_laplacian = calibrator_laplacian
+        self.calibrator_hessian = calibrator_hessian
+        self.calibrator_wrinkle = calibrator_wrinkle
+        self.lattice_laplacian = lattice_laplacian
+        self.lattice_torsion = lattice_torsion
+        self.l2 = l2
 
     # ------------------------------------------------------------------------------- inputs
 
@@ -184,20 +197,21 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
     # ---------------------------------------------------------------------------- training
 
     def _seed(self) -> int:
+        """The seed fit draws from: ``random_state``'s int (from 0, below 2**62, so that each
+        output's seed and NumPy's generators take it), or one drawn from its RandomState."""
         if self.random_state is None:
             return int(np.random.randint(2**31))
         if isinstance(self.random_state, np.random.RandomState):
             return int(self.random_state.randint(2**31))
-        return int(self.random_state)
+        return int_in_range(self.random_state, "random_state", minimum=0)
 
-    def _place_keypoints(self, x: torch.Tensor, target: np.ndarray) -> None:
-        """Moves each numeric feature's keypoints to where ``target`` changes along it
-        (:func:`place_keypoints`)."""
+    def _placed_keypoints(self, x: torch.Tensor, target: np.ndarray) -> List[Optional[List[float]]]:
+        """Each numeric feature's keypoints moved to where ``target`` changes along it in the
+        rows ``x`` (:func:`place_keypoints`); the learned ones where it places none."""
         columns = [None if f.categorical else x[:, j].double().numpy() for j, f in enumerate(self.features_)]
         counts = [f.num_keypoints or self.num_keypoints for f in self.features_]
-        for j, points in enumerate(place_keypoints(columns, target, counts, self.seed_)):
-            if points is not None:
-                self.keypoints_[j] = points
+        placed = place_keypoints(columns, target, counts, self.seed_)
+        return [learned if points is None else points for learned, points in zip(self.keypoints_, placed)]
 
     def _build(self, num_outputs: int, seed: int, scaled: bool = True) -> TableModel:
         return TableModel(
@@ -209,9 +223,10 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             self.num_lattices,
             num_outputs,
             seed,
-            self.kind,
+            self.kind_,
             self._ordinal_classes(),
             scaled,
+            Capacity.of(self.chosen_params_).straight_start,
         )
 
     def _ordinal_classes(self) -> Optional[int]:
@@ -235,11 +250,16 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             for name in ("max_iter", "n_iter_no_change"):
                 if int(getattr(self, name)) < 1:
                     raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-            if not self.learning_rate > 0:
-                raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+            if not 0 < self.learning_rate < math.inf:
+                raise ValueError(f"learning_rate must be finite and > 0, got {self.learning_rate}")
             self.seed_ = self._seed()  # load builds the same ensemble subsets from it
+            if not isinstance(self.early_stopping, (bool, np.bool_)):
+                raise ValueError(f"early_stopping must be True or False, got {self.early_stopping!r}")
+            own = Capacity.of(self.get_params())  # refuses a strength that is no number >= 0
+            capacity = choose_capacity(self.kind, own, len(x))
+            self.kind_, self.chosen_params_ = capacity.kind, capacity.params()
             if placement is not None:
-                self._place_keypoints(x, placement)
+                self.keypoints_ = self._placed_keypoints(x, placement)
             model = self._build(num_outputs, self.seed_)
             training = train_table_model(model, x, target, loss, **self._training_options(weights, stratify))
             check_finite_parameters(model)
@@ -274,8 +294,9 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
     def _training_options(
         self, weights: Optional[np.ndarray], stratify: Optional[torch.Tensor]
     ) -> Dict[str, Any]:
-        if not isinstance(self.early_stopping, (bool, np.bool_)):
-            raise ValueError(f"early_stopping must be True or False, got {self.early_stopping!r}")
+        """:func:`train_table_model`'s options: the estimator's, with the early stopping and
+        regularisers fit chose (``chosen_params_``)."""
+        chosen = Capacity.of(self.chosen_params_)
         return {
             "weights": None if weights is None else torch.tensor(weights, dtype=torch.float32),
             "seed": self.seed_,
@@ -284,9 +305,10 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
             "tol": self.tol,
             "learning_rate": self.learning_rate,
             "batch_size": self.batch_size,
-            "validation_fraction": self.validation_fraction if self.early_stopping else None,
+            "validation_fraction": chosen.validation_fraction if chosen.early_stopping else None,
             "n_iter_no_change": self.n_iter_no_change,
             "stratify": stratify,
+            "regularization": chosen.regularization,
         }
 
     # ------------------------------------------------------------------------------ output
@@ -351,27 +373,12 @@ class _LatticeEstimator(OutputContainer, BaseEstimator):
         one whose features do not carry exactly those constraints (monotonicity, convexity,
         categorical, missing, and the categories' order where given; not keypoint counts or a
         missing sentinel): what a deployment expects the model to guarantee. Loads with
-        ``weights_only=True``: no code from the file runs."""
-        data = read_estimator_file(path, cls.__name__)
-        estimator = cls(**saved_params(data))
-        stored = stored_features(path, data, estimator.features, features)
-        estimator.features_, estimator.n_features_in_ = stored, len(stored)
-        if data["feature_names_in"] is not None:
-            estimator.feature_names_in_ = np.array(data["feature_names_in"], dtype=object)
-        estimator.keypoints_, estimator.categories_ = data["keypoints"], data["categories"]
-        estimator._restore(data["fitted"])
-        estimator.n_iter_, estimator.seed_ = data["n_iter"], data["seed"]
-        if estimator.kind == "lattice":  # the linear model's size follows from the listed features
-            sizes = {
-                "lattice_size": estimator.lattice_size,
-                "lattice_rank": estimator.lattice_rank,
-                "num_lattices": estimator.num_lattices,
-            }
-            check_lattice_shapes(path, data["state"], sizes, len(stored), estimator._num_outputs())
-        model = estimator._build(estimator._num_outputs(), estimator.seed_, scaled_ensembles(data))
-        load_checked_state(model, data["state"], path)  # refuses a state with other constraints
-        estimator.model_ = model.eval()
-        return estimator
+        ``weights_only=True``: no code from the file runs. Every file that does not load (a
+        named pipe, a folder, a damaged or altered file, parameters of other shapes than its
+        declaration implies, NaN or infinite values) is one ValueError that starts with
+        ``path`` and says what is wrong (:mod:`~fastload.monotonic.persistence`); a missing file
+        is the FileNotFoundError naming it."""
+        return load_estimator(cls, path, features)
 
 
 class LatticeRegressor(RegressorMixin, _LatticeEstimator):
@@ -381,7 +388,8 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     scale * output``, a monotone map, so the guarantees carry over to the predictions. ``score``
     is R^2. Parameters: ``features`` (declarations by name or position), ``lattice_size``
     (vertices per lattice dimension), ``num_keypoints`` (quantile keypoints per numeric
-    feature), ``lattice_rank`` (features per lattice; with more features an ensemble of
+    feature, 2 to 1000, and never more than the feature's distinct values), ``lattice_rank``
+    (features per lattice; with more features an ensemble of
     ``num_lattices`` lattices, by default enough to use each feature about twice),
     ``solver`` ("lbfgs": full-batch L-BFGS, the default and fastest; "adam": Adam, for
     minibatches), ``max_iter`` (L-BFGS iterations or Adam epochs), ``tol`` (L-BFGS stops once 5
@@ -391,12 +399,13 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
     for a classifier, within each class; stop after ``n_iter_no_change`` rounds without a lower
     validation loss and keep the best round: ``validation_loss_curve_``,
     ``best_validation_loss_``), ``random_state`` (an int, a RandomState or None for a fresh
-    seed; the seed fit used is ``seed_``), ``kind`` ("lattice", or "linear": module docstring),
+    seed; the seed fit used is ``seed_``), ``kind`` ("auto", "lattice" or "linear": module
+    docstring), the regularisers (module docstring),
     ``n_jobs`` (torch's intra-op threads while fitting and predicting, restored after; None is
     one, -1 every core, as in scikit-learn: on a quiet 2-core machine a second thread cut the
     fit time by a sixth to a third on an Intel CPU and not at all on an AMD one, and it slows
-    down a busy machine, benches/RESULTS.md). Fitted: ``loss_curve_`` (training loss per
-    round), ``n_iter_``, ``n_features_in_``, ``feature_names_in_`` (DataFrames with string
+    down a busy machine, benches/RESULTS.md). Fitted: ``chosen_params_`` (the kind, early
+    stopping and regularisers fit used), ``loss_curve_`` (training loss per round), ``n_iter_``, ``n_features_in_``, ``feature_names_in_`` (DataFrames with string
     column names). :meth:`set_output` gives pandas or polars predictions.
     """
 
@@ -443,6 +452,12 @@ class LatticeRegressor(RegressorMixin, _LatticeEstimator):
         return {"y_mean": self.y_mean_, "y_scale": self.y_scale_}
 
     def _restore(self, fitted: Dict[str, Any]) -> None:
+        for name in ("y_mean", "y_scale"):
+            value = fitted.get(name)
+            if not isinstance(value, float) or not math.isfinite(value) or (name == "y_scale" and value <= 0):
+                raise ValueError(
+                    f"its {name} is {value!r:.100}, not a finite number (a positive one for y_scale)"
+                )
         self.y_mean_, self.y_scale_ = fitted["y_mean"], fitted["y_scale"]
 
 
@@ -576,5 +591,10 @@ class LatticeClassifier(ClassifierMixin, _LatticeEstimator):
         return {"classes": [plain_value(c) for c in self.classes_], "ordinal": self.ordinal_}
 
     def _restore(self, fitted: Dict[str, Any]) -> None:
-        self.classes_ = np.array(fitted["classes"])
-        self.ordinal_ = bool(fitted.get("ordinal", False))  # files saved before ordered classes
+        classes, ordinal = fitted.get("classes"), fitted.get("ordinal", False)
+        if not isinstance(classes, list) or len(set(map(repr, classes))) != len(classes) or len(classes) < 2:
+            raise ValueError(f"its classes {classes!r:.200} are not a list of 2 or more distinct labels")
+        if not isinstance(ordinal, bool):
+            raise ValueError(f"its ordinal is {ordinal!r:.100}, not True or False")
+        self.classes_ = np.array(classes)
+        self.ordinal_ = ordinal  # False in files saved before ordered classes

@@ -28,6 +28,7 @@ except ImportError:
 
 
 __all__ = [
+    "MAX_KEYPOINTS",
     "Feature",
     "check_feature_names",
     "check_keypoint_count",
@@ -41,6 +42,15 @@ __all__ = [
     "sample_weights",
     "table_columns",
 ]
+
+# The most keypoints a numeric feature's calibrator may have. Why a bound: the calibrator's
+# parameters and the quantiles that place its keypoints grow with the count asked for, not with
+# the data (3 million keypoints on 50 rows took 2.4 GB), and past a thousand pieces each piece
+# of even a million-row table holds too few rows to estimate (gradient boosting bins into 255).
+MAX_KEYPOINTS = 1000
+# The largest magnitude a numeric value may have: the model computes in float32, in which a
+# larger value is infinite.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _SPEC_KEYS = ("monotonicity", "convexity", "categorical", "categories", "missing", "num_keypoints")
 _SPEC_WORDS = {
@@ -78,10 +88,10 @@ class Feature:
 
 
 def check_keypoint_count(count: Any, where: str) -> int:
-    """``count`` as an int >= 2 (fewer keypoints make a constant calibrator); ValueError naming
-    ``where`` otherwise."""
-    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 2:
-        raise ValueError(f"{where}num_keypoints must be an int >= 2, got {count!r}")
+    """``count`` as an int from 2 (fewer keypoints make a constant calibrator) to
+    ``MAX_KEYPOINTS``; ValueError naming ``where`` otherwise."""
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 2 <= count <= MAX_KEYPOINTS:
+        raise ValueError(f"{where}num_keypoints must be an int >= 2 and <= {MAX_KEYPOINTS}, got {count!r}")
     return int(count)
 
 
@@ -340,6 +350,12 @@ def _encode_numbers(
         missing |= values == feature.missing_value
     if np.isinf(values).any():
         raise ValueError(f"Input X contains infinity in feature {feature.name!r}")
+    beyond = np.abs(np.where(missing, 0.0, values)) > FLOAT32_MAX
+    if beyond.any():
+        raise ValueError(
+            f"feature {feature.name!r} holds {values[beyond][0]:g}, beyond float32's range "
+            f"(+-{FLOAT32_MAX:.3g}), in which the model computes; rescale the feature"
+        )
     if missing.any() and not feature.missing:
         raise ValueError(
             f"Input X contains NaN in feature {feature.name!r}; declare it "
@@ -348,7 +364,8 @@ def _encode_numbers(
     values = np.where(missing, np.nan, values)
     if fitting:
         present = values[~missing]
-        count = feature.num_keypoints or num_keypoints
+        # Never more quantiles than values: the distinct ones among them cap the count.
+        count = min(feature.num_keypoints or num_keypoints, max(len(present), 2))
         # Quantiles, so each piece sees about as many samples; distinct in float32.
         points = (
             np.unique(np.quantile(present, np.linspace(0, 1, count)).astype(np.float32))
@@ -440,6 +457,12 @@ def regression_target(y, count: int) -> np.ndarray:
         raise ValueError("Input y contains NaN.")
     if np.isinf(y).any():
         raise ValueError("Input y contains infinity or a value too large for dtype('float64').")
+    beyond = np.abs(y) > FLOAT32_MAX  # its variance would overflow float64, and the model is float32
+    if beyond.any():
+        raise ValueError(
+            f"Input y holds {y[beyond][0]:g}, beyond float32's range (+-{FLOAT32_MAX:.3g}), in which "
+            "the model computes; rescale the target"
+        )
     return y
 
 
@@ -460,7 +483,7 @@ def class_labels(y, count: int) -> np.ndarray:
 
 def sample_weights(sample_weight, count: int) -> Optional[np.ndarray]:
     """``sample_weight`` checked: None, or ``count`` finite non-negative numbers, not all zero
-    (a scalar weighs every sample alike)."""
+    (a scalar weighs every sample alike), returned divided by the largest."""
     if sample_weight is None:
         return None
     weights = np.asarray(sample_weight, dtype=np.float64)
@@ -470,6 +493,8 @@ def sample_weights(sample_weight, count: int) -> Optional[np.ndarray]:
         raise ValueError(f"sample_weight.shape == {weights.shape}, expected {(count,)}!")
     if not np.isfinite(weights).all() or (weights < 0).any():
         raise ValueError("sample_weight must be finite and non-negative")
-    if not weights.sum() > 0:
+    if not weights.max() > 0:
         raise ValueError("sample_weight sums to zero: no sample to learn from")
-    return weights
+    # Only the ratios count: divided by the largest, weights of 1e308 cannot overflow their sum
+    # nor weights of 1e-320 vanish in float32, and every fit gets the same weights.
+    return weights / weights.max()

@@ -22,8 +22,10 @@ from fastload.monotonic.features import Feature
 from fastload.monotonic.lattice import Lattice, LatticeEnsemble
 from fastload.monotonic.linear import MonotoneLinear
 from fastload.monotonic.ordinal import CumulativeLink
+from fastload.monotonic.regularizers import Regularization
 
 __all__ = [
+    "MAX_JOBS",
     "TableModel",
     "Training",
     "monotone_violations",
@@ -34,13 +36,20 @@ __all__ = [
 ]
 
 
+# The most threads n_jobs may ask for, either way: past any machine's cores, and torch's thread
+# count is a C int (2**31 threads overflowed it).
+MAX_JOBS = 4096
+
+
 def threads_for(n_jobs: Optional[int]) -> int:
     """Threads for ``n_jobs``, counted as scikit-learn and joblib count them: None is one, -1
     every core this process may run on, -2 all but one, and so on."""
     if n_jobs is None:
         return 1
-    if not is_int(n_jobs) or n_jobs == 0:
-        raise ValueError(f"n_jobs must be a non-zero int or None, got {n_jobs!r}")
+    if not is_int(n_jobs) or n_jobs == 0 or abs(n_jobs) > MAX_JOBS:
+        raise ValueError(
+            f"n_jobs must be a non-zero int or None, from -{MAX_JOBS} to {MAX_JOBS} threads, got {n_jobs!r}"
+        )
     if n_jobs > 0:
         return int(n_jobs)
     return max(1, usable_cores() + 1 + int(n_jobs))
@@ -66,7 +75,9 @@ class TableModel(nn.Module):
     ``constraints`` buffer, one row (monotonicity, convexity, categorical, missing) per
     feature, is checked against a loaded state, so a state cannot bring other constraints. An
     ensemble's vertex parameters are scaled by its lattice count (``scaled_ensembles``; False:
-    as in model files saved before that, whose parameters mean unscaled values)."""
+    as in model files saved before that, whose parameters mean unscaled values). With
+    ``straight_start`` the numeric calibrators start as straight lines in their inputs
+    (:class:`~fastload.monotonic.PWLCalibrator`)."""
 
     def __init__(
         self,
@@ -81,6 +92,7 @@ class TableModel(nn.Module):
         kind: str,
         ordinal_classes: Optional[int] = None,
         scaled_ensembles: bool = True,
+        straight_start: bool = False,
     ):
         if int(lattice_size) < 2:
             raise ValueError(f"lattice_size must be >= 2, got {lattice_size}")
@@ -110,6 +122,7 @@ class TableModel(nn.Module):
                             output_max=top,
                             convexity=feature.convexity,
                             impute_missing=feature.missing,
+                            straight_start=straight_start,
                         )
                     )
             self.calibrators = nn.ModuleList(calibrators)
@@ -170,6 +183,11 @@ class TableModel(nn.Module):
             out = torch.stack([lattice(calibrated) for lattice in self.lattices], 1)
         return out if self.link is None else self.link(out[:, 0])
 
+    def penalty(self, regularization: Regularization) -> torch.Tensor:
+        """The regularisers' sum over this model's calibrators, lattices and linear layer
+        (:mod:`~fastload.monotonic.regularizers`)."""
+        return regularization.penalty(self.calibrators, self.lattices, self.linear)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         check_declared_buffer(
             self,
@@ -220,6 +238,7 @@ def train_table_model(
     validation_fraction: Optional[float],
     n_iter_no_change: int,
     stratify: Optional[torch.Tensor] = None,
+    regularization: Optional[Regularization] = None,
 ) -> Training:
     """Trains ``model`` in place. ``loss`` gives each sample's loss; the training loss is their
     mean weighted by ``weights`` (sample weights; None: equal).
@@ -238,7 +257,9 @@ def train_table_model(
     share of the rows, drawn from ``seed`` within each class of ``stratify`` (a classifier's
     codes, so every class is in both parts), is held out; training stops after
     ``n_iter_no_change`` rounds without a better validation loss and keeps the best round's
-    parameters."""
+    parameters. ``regularization``'s penalty (:meth:`TableModel.penalty`) adds to the loss
+    that either solver minimises (once per L-BFGS evaluation, once per Adam step); the L-BFGS
+    curve is that objective, Adam's the rows' loss, and the validation loss never has it."""
     if solver not in ("lbfgs", "adam"):
         raise ValueError(f"solver must be 'lbfgs' or 'adam', got {solver!r}")
     if not tol >= 0:
@@ -258,6 +279,7 @@ def train_table_model(
     located = model.locate(train_x)
     val_located = None if val_x is None else model.locate(val_x)
     stopping = _EarlyStopping(model, val_located, val_t, val_w, loss, n_iter_no_change)
+    penalty = (lambda: model.penalty(regularization)) if regularization else None  # None or all 0
     if solver == "lbfgs":
         curve: List[float] = []
         if len(train_t) > SUBSAMPLE_ROWS:
@@ -265,12 +287,24 @@ def train_table_model(
             # optimum is already close for a model of a few hundred parameters.
             rows = torch.randperm(len(train_t), generator=generator)[:SUBSAMPLE_ROWS]
             sample = [at.take(rows) for at in located]
-            curve += _lbfgs(model, sample, train_t[rows], train_w[rows], loss, int(max_iter), tol, stopping)
+            curve += _lbfgs(
+                model, sample, train_t[rows], train_w[rows], loss, int(max_iter), tol, stopping, penalty
+            )
             max_iter = min(int(max_iter), POLISH_ITER)
-        curve += _lbfgs(model, located, train_t, train_w, loss, int(max_iter), tol, stopping)
+        curve += _lbfgs(model, located, train_t, train_w, loss, int(max_iter), tol, stopping, penalty)
     else:
         curve = _adam(
-            model, located, train_t, train_w, loss, int(max_iter), learning_rate, batch, generator, stopping
+            model,
+            located,
+            train_t,
+            train_w,
+            loss,
+            int(max_iter),
+            learning_rate,
+            batch,
+            generator,
+            stopping,
+            penalty,
         )
     stopping.restore_best()
     return Training(curve, stopping.curve)
@@ -334,7 +368,7 @@ SUBSAMPLE_ROWS, POLISH_ITER = 32768, 3
 
 
 def _lbfgs(
-    model, located, target, weights, loss, max_iter: int, tol: float, stopping: _EarlyStopping
+    model, located, target, weights, loss, max_iter: int, tol: float, stopping: _EarlyStopping, penalty
 ) -> List[float]:
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -370,6 +404,11 @@ def _lbfgs(
             share = (loss(model.evaluate(part), part_target) * part_weights).sum() / total
             share.backward()
             value += share.item()
+        if penalty is not None:
+            extra = penalty()
+            if extra.requires_grad:  # a penalty over no parameter (a one-input lattice's torsion) is 0
+                extra.backward()
+            value += extra.item()
         evaluations.append((here, value, [p.grad.clone() for p in params]))
         return torch.tensor(value)
 
@@ -396,7 +435,7 @@ def _lbfgs(
 
 
 def _adam(
-    model, located, target, weights, loss, max_iter, learning_rate, batch, generator, stopping
+    model, located, target, weights, loss, max_iter, learning_rate, batch, generator, stopping, penalty
 ) -> List[float]:
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     curve: List[float] = []
@@ -409,6 +448,8 @@ def _adam(
             batch_weights = weights[rows]
             losses = loss(model.evaluate([at.take(rows) for at in located]), target[rows]) * batch_weights
             step_loss = losses.sum() / batch_weights.sum()
+            if penalty is not None:
+                step_loss = step_loss + penalty()
             optimizer.zero_grad()
             step_loss.backward()
             optimizer.step()

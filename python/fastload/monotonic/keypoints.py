@@ -94,9 +94,11 @@ def place_keypoints(
     keypoints: List[Optional[List[float]]] = []
     for values, fitted, count, ends in zip(columns, coarse, counts, ranges):
         present = None if values is None else ~np.isnan(values)
-        if values is None or ends is None or ends[0] == ends[1] or len(np.unique(values[present])) < 2:
+        distinct = 0 if values is None else len(np.unique(values[present]))
+        if ends is None or ends[0] == ends[1] or distinct < 2:
             keypoints.append(None)
             continue
         partial = centred - (others - fitted)
-        keypoints.append(_keypoints(values[present], partial[present], count, ends))
+        # More keypoints than the feature has values would only repeat them.
+        keypoints.append(_keypoints(values[present], partial[present], min(count, distinct), ends))
     return keypoints
