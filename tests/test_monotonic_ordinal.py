@@ -7,9 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from monotone_helpers import SCALES, assert_monotone_up_to_rounding, one_thread, randomize, sweep  # noqa: F401 (an autouse fixture)
+from monotone_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
+    SCALES,
+    assert_monotone_up_to_rounding,
+    one_thread,
+    randomize,
+    rounding_bound,
+    sweep,
+)
 
 from fastload.monotonic import LatticeClassifier
 from fastload.monotonic.features import Feature
@@ -20,6 +27,7 @@ DIRECTIONS = st.sampled_from([1, -1, 0])
 
 
 @settings(max_examples=40, deadline=None)
+@example(directions=[1, -1, 1, 1, 1], classes=6, seed=14116, scale=30.0, kind="lattice")  # fell 1.6e-6
 @given(
     directions=st.lists(DIRECTIONS, min_size=1, max_size=6),
     classes=st.integers(2, 6),
@@ -34,12 +42,17 @@ def test_every_cumulative_probability_is_monotone_for_any_parameters(directions,
     randomize(model, seed, scale)
     base = torch.rand(8, len(features), generator=torch.Generator().manual_seed(seed))
     values = torch.linspace(-0.2, 1.2, 33)
+    # A sigmoid may split a tie by an ulp; along an input a lattice keeps monotone only up to
+    # the rounding bound constraints.py states, which the sigmoid (slope at most 1/4) shrinks.
+    bound = (
+        1e-6 + max((rounding_bound(lattice) for lattice in getattr(model, "lattices", [])), default=0.0) / 4
+    )
     with torch.no_grad():
         for j, direction in enumerate(directions):
             at_least = sweep(lambda x: torch.sigmoid(model(x)), base, j, values)  # (steps, 8 * (K-1))
             if direction:
                 steps = direction * at_least.diff(dim=0)
-                assert steps.min() >= -1e-6, (j, steps.min())  # a sigmoid may split a tie by an ulp
+                assert steps.min() >= -bound, (j, steps.min(), bound)
         probabilities = class_probabilities(model(base))
     assert probabilities.shape == (8, classes) and probabilities.min() >= 0
     torch.testing.assert_close(probabilities.sum(1), torch.ones(8, dtype=probabilities.dtype))
