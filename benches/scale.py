@@ -199,9 +199,9 @@ def traced(name, fn):
 store = traced("open", lambda: Store(path))
 traced("meta", lambda: store.meta)
 ds = traced("dataset", lambda: FastLoadDataset(store, 256, order="block", pin_memory=False))
-traced("plan_block", lambda: ds._plan.batches(ds._plan.pad(epoch_order(ds.indices, "block", 0, 0, ds.block_size,
+traced("plan_block", lambda: ds.cursor.plan.batches(ds.cursor.plan.pad(epoch_order(ds.indices, "block", 0, 0, ds.block_size,
        ds.window)), range(len(ds))))
-traced("plan_random", lambda: ds._plan.batches(ds._plan.pad(epoch_order(ds.indices, "random", 0, 0, 1, 1)),
+traced("plan_random", lambda: ds.cursor.plan.batches(ds.cursor.plan.pad(epoch_order(ds.indices, "random", 0, 0, 1, 1)),
        range(len(ds))))
 traced("first_batch", lambda: next(iter(ds)))
 traced("info", lambda: inspect_mod.info(path))
