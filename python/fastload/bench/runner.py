@@ -293,17 +293,18 @@ def _measure(ctx: Context, stages: List[str], progress: Progress, load_before: f
 
 
 def noise_warnings(rows: List[dict], load_before: float) -> List[str]:
-    """The figures whose rounds spread beyond NOISY_SPREAD_PCT, one line each; or, when the
-    machine was busy (its load average above its cores before the run began, or a third of
-    the figures noisy), one line that says so with the load, instead of a wall of them."""
+    """The figures whose rounds spread beyond NOISY_SPREAD_PCT, one line each; or one line
+    instead of a wall of them, with the load: that the machine was busy (its load average above
+    its cores before the run began), or that a third of the figures or more were noisy."""
     noisy = [r for r in rows if r["spread_pct"] > NOISY_SPREAD_PCT]
     cores = usable_cores()
-    if load_before > cores or (rows and len(noisy) * 3 > len(rows)):
-        return [
-            f"the machine was busy: load average {load_before:.1f} on {cores} cores before the run, and "
-            f"{len(noisy)} of {len(rows)} figures spread over {NOISY_SPREAD_PCT:.0f}% between rounds; "
-            "rerun on an idle machine (or with more --repeats) before trusting the figures or the verdict"
-        ]
+    load = f"load average {load_before:.1f} on {cores} cores before the run"
+    spread = f"{len(noisy)} of {len(rows)} figures spread over {NOISY_SPREAD_PCT:.0f}% between rounds"
+    advice = "rerun on an idle machine (or with more --repeats) before trusting the figures or the verdict"
+    if load_before > cores:
+        return [f"the machine was busy: {load}, and {spread}; {advice}"]
+    if rows and len(noisy) * 3 > len(rows):
+        return [f"the figures were noisy: {spread} ({load}); {advice}"]
     return [
         f"{r['method']}: runs spread {r['spread_pct']:.0f}% around the median: the machine was noisy, "
         "rerun on an idle machine (or with more --repeats) before trusting this figure"
