@@ -18,6 +18,7 @@ from fastload.inspect import build_info, machine_memory, usable_cores
 def last_level_cache_bytes() -> Optional[int]:
     """The largest CPU cache of core 0 (its last level, shared by the cores), from sysfs;
     None where the kernel does not say."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes = []
     for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
@@ -25,7 +26,6 @@ def last_level_cache_bytes() -> Optional[int]:
                 text = f.read().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         if text[:-1].isdigit() and text[-1] in units:
             sizes.append(int(text[:-1]) * units[text[-1]])
         elif text.isdigit():

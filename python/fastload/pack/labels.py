@@ -4,6 +4,7 @@ its line, and unlabelled images refused unless skipped."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -176,6 +177,13 @@ class _RowCounts:
         self.count = self.two_columns = self.integers = self.named = 0
         self.words: set = set()
 
+    def plus(self, row: List[str]) -> _RowCounts:
+        """These counts with one more row, leaving these as they are."""
+        counts = copy.copy(self)
+        counts.words = set(self.words)
+        counts.add(row)
+        return counts
+
     def add(self, row: List[str]) -> None:
         self.count += 1
         if len(row) != 2:
@@ -190,18 +198,19 @@ class _RowCounts:
 
 
 class _CsvShape:
-    """One pass over the rows: their counts with and without the first row, and the first
-    row itself, which decide whether that row is a header and what the labels are."""
+    """One pass over the rows: the counts of the rows below the first, and the first row
+    itself, which decide whether that row is a header and what the labels are; the counts of
+    every row are those plus the first (each row's label is looked at once)."""
 
     def __init__(self, rows: Iterator[Tuple[int, List[str]]]) -> None:
         self.first: Optional[List[str]] = None
-        self.all, self.below = _RowCounts(), _RowCounts()
+        self.below = _RowCounts()
         for _, row in rows:
             if self.first is None:
                 self.first = row
             else:
                 self.below.add(row)
-            self.all.add(row)
+        self.all = self.below if self.first is None else self.below.plus(self.first)
 
     def first_is_header(self, names_a_file: bool) -> bool:
         """The first row is a header only when its label is not a number, nor a class name

@@ -167,6 +167,9 @@ def baseline(task: str, train_labels: np.ndarray, val_labels: np.ndarray) -> dic
 
 #: A final validation error less than this far below the baseline's is "not clearly better".
 CLEARLY_BETTER = 0.05
+#: A final training loss above this share of the first epoch's did not fall: the learning rate
+#: is the likely cause of learning nothing.
+LOSS_FELL = 0.95
 #: Below this many training records, too few records is the likely cause of learning nothing.
 FEW_RECORDS = 1000
 #: Below this many epochs, too few epochs is.
@@ -190,7 +193,7 @@ def learned_too_little(task: str, history: list, train_records: int, epochs: int
         what = "error rate {:.1%} against the majority baseline's {:.1%}"
     if error < (1 - CLEARLY_BETTER) * base:
         return None
-    if len(history) >= 2 and history[-1]["train_loss"] >= 0.95 * history[0]["train_loss"]:
+    if len(history) >= 2 and last["train_loss"] >= LOSS_FELL * history[0]["train_loss"]:
         cause = "the training loss did not fall: try another learning rate (--lr, 10x lower or higher)"
     elif train_records < FEW_RECORDS:
         cause = f"too few records ({train_records:,} to train on)"
@@ -198,4 +201,7 @@ def learned_too_little(task: str, history: list, train_records: int, epochs: int
         cause = f"too few epochs ({epochs}): train longer (--epochs)"
     else:
         cause = "the learning rate (--lr) or too little signal in the images for this model"
-    return f"the model learned little: validation {what.format(error, base)}, not 5% better; likely {cause}"
+    return (
+        f"the model learned little: validation {what.format(error, base)}, not {CLEARLY_BETTER:.0%} "
+        f"better; likely {cause}"
+    )
