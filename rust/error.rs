@@ -9,7 +9,7 @@ pub enum FormatError {
     Truncated(String),
     #[error("bad magic bytes: not a fastload store")]
     Magic,
-    #[error("format version {0} is not supported by this fastload (it reads version 1); upgrade fastload")]
+    #[error("format version {0} is not supported by this fastload (it reads versions 1 and 2); upgrade fastload")]
     Version(u32),
     #[error("header checksum mismatch: the header is corrupt")]
     HeaderChecksum,
@@ -21,6 +21,8 @@ pub enum FormatError {
     Meta(String),
     #[error("changed while open: {0}")]
     Changed(String),
+    #[error("damaged record: {0}")]
+    Record(String),
 }
 
 /// Any failure of the core, with the file it concerns.

@@ -1,4 +1,6 @@
-//! Store format v1: the fixed 4096-byte header and the layout of the sections.
+//! Store format v1 and v2: the fixed 4096-byte header and the layout of the sections. A v1
+//! store holds raw records at a fixed stride; a v2 store holds records of any length (raw or
+//! encoded) and a record table saying where each lies (`table.rs`).
 //!
 //! `docs/FORMAT.md` is the specification; this file is its executable form. Every
 //! number read from a file is validated here, with overflow-checked arithmetic,
@@ -8,7 +10,10 @@ use crate::error::FormatError;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const MAGIC: [u8; 8] = *b"FASTLOAD";
+/// The version of a store of raw records at a fixed stride (every store before v2).
 pub const VERSION: u32 = 1;
+/// The version of a store with a record table: records of any length, raw or encoded.
+pub const VERSION_TABLE: u32 = 2;
 /// Size of the header, and the alignment of the image section.
 pub const HEADER_SIZE: usize = 4096;
 /// Record stride granularity: every record starts on a 64-byte (cache-line) boundary.
@@ -29,8 +34,10 @@ pub const LABEL_SIZE: u64 = 8;
 pub const CHECKSUM_SIZE: u64 = 8;
 /// Byte offset of the header checksum: the last 8 bytes of the header.
 const HEADER_CHECKSUM_AT: usize = HEADER_SIZE - 8;
-/// Bytes of the header that carry fields; the rest up to the checksum must be zero.
+/// Bytes of a v1 header that carry fields; the rest up to the checksum must be zero.
 const FIELDS_END: usize = 120;
+/// Bytes of a v2 header that carry fields: v1's and the record table section.
+const FIELDS_END_TABLE: usize = 136;
 
 /// The element type of a label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +108,9 @@ pub struct Header {
     pub checksums: Section,
     pub meta: Section,
     pub file_length: u64,
+    /// The record table of a v2 store (`table.rs`); None in a v1 store. In a v2 store the
+    /// image section holds the stored records back to back, each at a multiple of 64 bytes.
+    pub table: Option<Section>,
 }
 
 /// Rounds `value` up to a multiple of `align` (a power of two), or None on overflow.
@@ -119,8 +129,32 @@ impl Header {
     /// Lays out a store of `count` records with `meta_len` bytes of metadata.
     pub fn new(
         count: u64,
+        shape: (u32, u32, u32),
+        label_dtype: LabelDtype,
+        meta_len: u64,
+    ) -> Result<Header, FormatError> {
+        Header::lay_out(count, shape, label_dtype, None, meta_len)
+    }
+
+    /// Lays out a v2 store of `count` records whose stored bytes, each at a multiple of 64,
+    /// take `records_len` bytes, followed by their record table.
+    pub fn new_with_table(
+        count: u64,
+        shape: (u32, u32, u32),
+        label_dtype: LabelDtype,
+        records_len: u64,
+        meta_len: u64,
+    ) -> Result<Header, FormatError> {
+        Header::lay_out(count, shape, label_dtype, Some(records_len), meta_len)
+    }
+
+    /// The one layout computation, shared by writers and by the reader's check: v1 when
+    /// `records_len` is None (the image section is `count` strides), v2 otherwise.
+    fn lay_out(
+        count: u64,
         (height, width, channels): (u32, u32, u32),
         label_dtype: LabelDtype,
+        records_len: Option<u64>,
         meta_len: u64,
     ) -> Result<Header, FormatError> {
         let overflow = || FormatError::Layout("store size overflows 64 bits".into());
@@ -135,16 +169,37 @@ impl Header {
             RECORD_ALIGN,
         )
         .ok_or_else(overflow)?;
+        let images_len = match records_len {
+            None => stride.checked_mul(count).ok_or_else(overflow)?,
+            Some(len) if len % RECORD_ALIGN != 0 => {
+                return Err(FormatError::Layout(format!(
+                    "record section of {len} bytes is not a multiple of {RECORD_ALIGN}"
+                )))
+            }
+            Some(len) => len,
+        };
         let images = Section {
             offset: HEADER_SIZE as u64,
-            length: stride.checked_mul(count).ok_or_else(overflow)?,
+            length: images_len,
         };
         let next = |prev: Section, length: u64| -> Result<Section, FormatError> {
             let offset =
                 align_up(prev.end().ok_or_else(overflow)?, SECTION_ALIGN).ok_or_else(overflow)?;
             Ok(Section { offset, length })
         };
-        let labels = next(images, count.checked_mul(LABEL_SIZE).ok_or_else(overflow)?)?;
+        let table = match records_len {
+            None => None,
+            Some(_) => Some(next(
+                images,
+                count
+                    .checked_mul(crate::table::ENTRY_SIZE)
+                    .ok_or_else(overflow)?,
+            )?),
+        };
+        let labels = next(
+            table.unwrap_or(images),
+            count.checked_mul(LABEL_SIZE).ok_or_else(overflow)?,
+        )?;
         let checksums = next(
             labels,
             count.checked_mul(CHECKSUM_SIZE).ok_or_else(overflow)?,
@@ -163,7 +218,17 @@ impl Header {
             checksums,
             meta,
             file_length,
+            table,
         })
+    }
+
+    /// The format version this header is written as: 2 with a record table, else 1.
+    pub fn version(&self) -> u32 {
+        if self.table.is_some() {
+            VERSION_TABLE
+        } else {
+            VERSION
+        }
     }
 
     /// Bytes of one image without the stride padding.
@@ -176,7 +241,7 @@ impl Header {
         let mut b = [0u8; HEADER_SIZE];
         let mut w = Cursor { buf: &mut b, at: 0 };
         w.put(&MAGIC);
-        w.put(&VERSION.to_le_bytes());
+        w.put(&self.version().to_le_bytes());
         w.put(&(HEADER_SIZE as u32).to_le_bytes());
         w.put(&self.count.to_le_bytes());
         w.put(&self.height.to_le_bytes());
@@ -190,6 +255,11 @@ impl Header {
         }
         w.put(&self.file_length.to_le_bytes());
         debug_assert_eq!(w.at, FIELDS_END);
+        if let Some(table) = self.table {
+            w.put(&table.offset.to_le_bytes());
+            w.put(&table.length.to_le_bytes());
+            debug_assert_eq!(w.at, FIELDS_END_TABLE);
+        }
         let sum = xxh3_64(&b[..HEADER_CHECKSUM_AT]);
         b[HEADER_CHECKSUM_AT..].copy_from_slice(&sum.to_le_bytes());
         b
@@ -218,7 +288,7 @@ impl Header {
         }
         let mut r = Reader { buf: b, at: 8 };
         let version = r.u32();
-        if version != VERSION {
+        if version != VERSION && version != VERSION_TABLE {
             return Err(FormatError::Version(version));
         }
         let stored_sum = u64::from_le_bytes(b[HEADER_CHECKSUM_AT..].try_into().unwrap());
@@ -243,7 +313,16 @@ impl Header {
             };
         }
         let file_length = r.u64();
-        if b[FIELDS_END..HEADER_CHECKSUM_AT].iter().any(|&x| x != 0)
+        let (table, fields_end) = if version == VERSION_TABLE {
+            let table = Section {
+                offset: r.u64(),
+                length: r.u64(),
+            };
+            (Some(table), FIELDS_END_TABLE)
+        } else {
+            (None, FIELDS_END)
+        };
+        if b[fields_end..HEADER_CHECKSUM_AT].iter().any(|&x| x != 0)
             || dtypes[2] != 0
             || dtypes[3] != 0
         {
@@ -280,12 +359,21 @@ impl Header {
         // The only valid layout for these fields is the one the writer computes:
         // recompute it and compare, which checks alignment, stride, section sizes,
         // ordering, overlap and bounds in one place.
-        let expected = Header::new(
+        let expected = Header::lay_out(
             count,
             (height, width, channels),
             label_dtype,
+            table.map(|_| sections[0].length),
             sections[3].length,
         )?;
+        if let (Some(got), Some(want)) = (table, expected.table) {
+            if got != want {
+                return Err(FormatError::Layout(format!(
+                    "record table at {}+{} does not match the layout for {count} records (expected {}+{})",
+                    got.offset, got.length, want.offset, want.length
+                )));
+            }
+        }
         let names = ["image", "label", "checksum", "metadata"];
         let expected_sections = [
             expected.images,
@@ -472,7 +560,8 @@ impl<'de> serde::de::Visitor<'de> for MetaWalk<'_> {
     }
 }
 
-/// Checksum of one record: xxh3-64 over the image bytes (without padding) then the 8 label bytes.
+/// Checksum of one record: xxh3-64 over its stored bytes (a raw image without padding, or an
+/// encoded record as stored) then the 8 label bytes.
 pub fn record_checksum(image: &[u8], label: [u8; 8]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(image);
@@ -513,6 +602,33 @@ mod tests {
     }
 
     #[test]
+    fn a_table_header_round_trips_and_its_layout_is_checked() {
+        let h = Header::new_with_table(10, (384, 384, 3), LabelDtype::Int64, 64 * 700, 50).unwrap();
+        assert_eq!(h.version(), VERSION_TABLE);
+        let table = h.table.unwrap();
+        assert_eq!(table.offset, 4096 + 64 * 700);
+        assert_eq!(h.labels.offset, table.offset + 192); // 10 entries of 16, padded to 64
+        let bytes = h.encode();
+        assert_eq!(Header::decode(&bytes, h.file_length).unwrap(), h);
+        // A record section that is not a multiple of 64, and a table moved by one byte.
+        assert!(Header::new_with_table(1, (2, 2, 3), LabelDtype::Int64, 65, 0).is_err());
+        let mut b = bytes;
+        b[120] += 1;
+        reseal(&mut b);
+        expect(
+            &b,
+            h.file_length,
+            |e| matches!(e, FormatError::Layout(m) if m.contains("record table")),
+        );
+        // A v1 header with the table's bytes set has non-zero reserved bytes.
+        let v1 = Header::new(10, (384, 384, 3), LabelDtype::Int64, 50).unwrap();
+        let mut b = v1.encode();
+        b[120] = 1;
+        reseal(&mut b);
+        expect(&b, v1.file_length, |e| matches!(e, FormatError::Field(_)));
+    }
+
+    #[test]
     fn the_issue_sizes() {
         let h = Header::new(250_000, (384, 384, 3), LabelDtype::Float64, 0).unwrap();
         assert_eq!(h.images.length + h.labels.length, 110_594_000_000);
@@ -542,8 +658,8 @@ mod tests {
         b[0] = b'X';
         expect(&b, len, |e| matches!(e, FormatError::Magic));
         let mut b = good;
-        b[8] = 2;
-        expect(&b, len, |e| matches!(e, FormatError::Version(2)));
+        b[8] = 3;
+        expect(&b, len, |e| matches!(e, FormatError::Version(3)));
         let mut b = good;
         b[20] ^= 1;
         expect(&b, len, |e| matches!(e, FormatError::HeaderChecksum));

@@ -1,10 +1,13 @@
 //! Property tests of the whole-file path: hostile bytes given to `Store::open`.
 //!
-//! Valid stores written by `StoreWriter` are mutated (bit flips, header fields set to
+//! Valid stores written by `StoreWriter`, v1 (raw records at a fixed stride) and v2 (JPEG
+//! and raw records with their record table), are mutated (bit flips, header fields set to
 //! edge values with or without a recomputed header checksum, truncation, extension)
 //! or replaced by arbitrary bytes, written to a file and opened. Every case must open
 //! cleanly or return an error: no panic, no read outside the file, and no allocation
-//! sized by a field the file could lie about. A store that opens is read in full.
+//! sized by a field the file could lie about. A store that opens is read in full: every
+//! record gathered, where an encoded record whose bytes were damaged may fail its gather
+//! with an error naming it, never a panic.
 //!
 //! Cases per property: `FASTLOAD_FUZZ_CASES` (default 1000, quick in `cargo test --lib`).
 //! The long run is `FASTLOAD_FUZZ_CASES=1000000 cargo test --release --lib fuzz`
@@ -19,9 +22,11 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::encoded::{EncodeOptions, SizeBudget};
 use crate::format::{record_checksum, Header, LabelDtype, HEADER_SIZE, MAGIC, VERSION};
 use crate::gather::gather;
 use crate::store::Store;
+use crate::table::Encoding;
 use crate::writer::StoreWriter;
 
 /// Records the largest single allocation made by the current thread, so a test can
@@ -77,7 +82,8 @@ struct Sample {
 }
 
 /// Small valid stores of every kind (empty, one channel, padded and page-sized records,
-/// both label types, metadata of several lengths), written once by the real writer.
+/// both label types, metadata of several lengths; v2 stores of JPEG records, of JPEG and
+/// raw records under a budget, and empty), written once by the real writer.
 fn samples() -> &'static [Sample] {
     static SAMPLES: OnceLock<Vec<Sample>> = OnceLock::new();
     SAMPLES.get_or_init(|| {
@@ -97,6 +103,14 @@ fn samples() -> &'static [Sample] {
             (2, (64, 64, 3), LabelDtype::Float64, "{}".into()),
             (7, (1, 9, 1), LabelDtype::Int64, r#"{"é": "ü"}"#.into()),
         ];
+        /// (records, shape, JPEG quality, size budget in bytes)
+        type EncodedKind = (u64, (u32, u32, u32), u8, Option<u64>);
+        let encoded_kinds: Vec<EncodedKind> = vec![
+            (0, (8, 8, 3), 90, None),
+            (3, (16, 24, 3), 75, None),
+            (2, (16, 16, 1), 95, None),
+            (6, (32, 32, 3), 90, Some(4546 + 3 * 3072 + 3 * 1100)),
+        ];
         let dir = tempfile::tempdir().unwrap();
         kinds
             .into_iter()
@@ -114,6 +128,36 @@ fn samples() -> &'static [Sample] {
                 let header = Header::decode(&bytes, bytes.len() as u64).unwrap();
                 Sample { header, bytes }
             })
+            .chain(encoded_kinds.into_iter().enumerate().map(
+                |(k, (count, shape, quality, max))| {
+                    let path = dir.path().join(format!("encoded{k}.fastload"));
+                    let budget = max.map(|max_file_bytes| SizeBudget {
+                        max_file_bytes,
+                        expected_count: count,
+                        meta_bytes: 2,
+                        seed: k as u64,
+                    });
+                    let options = EncodeOptions { quality, budget };
+                    let mut w = StoreWriter::create_encoded(
+                        &path,
+                        shape,
+                        LabelDtype::Int64,
+                        false,
+                        options,
+                    )
+                    .unwrap();
+                    let len = w.image_len();
+                    for i in 0..count as usize {
+                        let image: Vec<u8> =
+                            (0..len).map(|j| ((j / 5 + i * 9) % 200) as u8).collect();
+                        w.append(&image, (i as i64).to_le_bytes()).unwrap();
+                    }
+                    w.commit("{}").unwrap();
+                    let bytes = std::fs::read(&path).unwrap();
+                    let header = Header::decode(&bytes, bytes.len() as u64).unwrap();
+                    Sample { header, bytes }
+                },
+            ))
             .collect()
     })
 }
@@ -298,10 +342,29 @@ fn exercise(path: &Path, bytes: &[u8]) -> Result<Option<Vec<u64>>, TestCaseError
     let records: Vec<usize> = (0..n).rev().chain(0..n).collect();
     let mut images = vec![0u8; records.len() * image_len];
     let mut labels = vec![0u8; records.len() * 8];
-    gather(&store, &records, &mut images, &mut labels).unwrap();
-    for (k, &r) in records.iter().enumerate() {
-        prop_assert_eq!(&images[k * image_len..(k + 1) * image_len], store.image(r));
-        prop_assert_eq!(&labels[k * 8..k * 8 + 8], &store.label_bytes(r)[..]);
+    if store.fixed_stride() {
+        gather(&store, &records, &mut images, &mut labels).unwrap();
+        for (k, &r) in records.iter().enumerate() {
+            prop_assert_eq!(&images[k * image_len..(k + 1) * image_len], store.image(r));
+            prop_assert_eq!(&labels[k * 8..k * 8 + 8], &store.label_bytes(r)[..]);
+        }
+    } else {
+        // Record by record: a damaged encoded record fails alone, naming the file.
+        for (k, &r) in records.iter().enumerate() {
+            let image = &mut images[k * image_len..(k + 1) * image_len];
+            match gather(&store, &[r], image, &mut labels[k * 8..k * 8 + 8]) {
+                Ok(()) => {
+                    if let (Encoding::Raw, bytes) = store.stored(r) {
+                        prop_assert_eq!(&*image, bytes);
+                    }
+                }
+                Err(err) => {
+                    prop_assert_eq!(store.stored(r).0, Encoding::Jpeg);
+                    let named = format!("record {} does not decode", r);
+                    prop_assert!(err.to_string().contains(&named), "{}", err);
+                }
+            }
+        }
     }
     serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(store.meta_json())
         .expect("an opened store has a JSON object as metadata");
@@ -312,15 +375,27 @@ fn exercise(path: &Path, bytes: &[u8]) -> Result<Option<Vec<u64>>, TestCaseError
     Ok(Some(store.verify()))
 }
 
-/// Records whose image, label or checksum bytes differ between two files of one layout.
+/// Records whose stored, label or checksum bytes differ between two files of one layout
+/// (`a` the intact one).
 fn changed_records(header: &Header, a: &[u8], b: &[u8]) -> Vec<u64> {
     let differs = |offset: u64, len: usize| {
         let at = offset as usize;
         a[at..at + len] != b[at..at + len]
     };
+    let stored = |i: u64| -> (u64, usize) {
+        match header.table {
+            None => (header.images.offset + i * header.stride, header.image_len()),
+            Some(table) => {
+                let at = (table.offset + i * 16) as usize;
+                let entry = crate::table::Entry::decode(&a[at..at + 16]);
+                (header.images.offset + entry.offset, entry.length as usize)
+            }
+        }
+    };
     (0..header.count)
         .filter(|&i| {
-            differs(header.images.offset + i * header.stride, header.image_len())
+            let (offset, len) = stored(i);
+            differs(offset, len)
                 || differs(header.labels.offset + i * 8, 8)
                 || differs(header.checksums.offset + i * 8, 8)
         })
@@ -373,12 +448,21 @@ proptest! {
         sample in any::<Index>(),
         flips in prop::collection::vec((any::<Index>(), 1u8..=255), 1..6),
     ) {
-        let sample = sample.get(&samples()[1..]); // the first sample has no records
+        let with_records: Vec<&Sample> = samples().iter().filter(|s| s.header.count > 0).collect();
+        let sample = *sample.get(&with_records);
         let h = &sample.header;
         let mut bytes = sample.bytes.clone();
         let data_end = (h.checksums.offset + h.checksums.length) as usize;
+        // The record table is layout, not record data: flips skip over it.
+        let (skip_from, skip_len) = h.table.map_or((data_end, 0), |t| {
+            (t.offset as usize, (h.labels.offset - t.offset) as usize)
+        });
         for (at, mask) in &flips {
-            bytes[HEADER_SIZE + at.index(data_end - HEADER_SIZE)] ^= mask;
+            let mut at = HEADER_SIZE + at.index(data_end - HEADER_SIZE - skip_len);
+            if at >= skip_from {
+                at += skip_len;
+            }
+            bytes[at] ^= mask;
         }
         let damaged = exercise(&scratch("damaged.fastload"), &bytes)?;
         prop_assert_eq!(damaged, Some(changed_records(h, &sample.bytes, &bytes)));
@@ -387,6 +471,14 @@ proptest! {
 
 #[test]
 fn samples_are_intact() {
+    let mixed = samples().iter().any(|s| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.fastload");
+        std::fs::write(&path, &s.bytes).unwrap();
+        let counts = Store::open(&path).unwrap().encodings();
+        counts.raw > 0 && counts.jpeg > 0 && s.header.table.is_some()
+    });
+    assert!(mixed, "a sample holds both raw and JPEG records");
     for s in samples() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.fastload");
@@ -395,7 +487,7 @@ fn samples_are_intact() {
         assert!(store.verify().is_empty());
         for i in 0..store.len() as usize {
             let label = store.label_bytes(i);
-            let sum = record_checksum(store.image(i), label);
+            let sum = record_checksum(store.stored(i).1, label);
             let at = (s.header.checksums.offset + i as u64 * 8) as usize;
             assert_eq!(sum.to_le_bytes(), s.bytes[at..at + 8]);
         }

@@ -1,7 +1,8 @@
 //! The hot path: copy the records at arbitrary indices into a contiguous batch.
 //!
 //! Each output slot is written by exactly one task of the process's rayon pool,
-//! straight from the mapping, with no intermediate buffer and no allocation.
+//! straight from the mapping (or decoded from it, for an encoded record: `codec.rs`),
+//! with no intermediate buffer and no allocation of ours.
 
 use rayon::prelude::*;
 
@@ -49,15 +50,25 @@ pub fn gather(
     for (slot, &r) in labels.chunks_exact_mut(8).zip(records) {
         slot.copy_from_slice(&store.label_bytes(r));
     }
-    copy_images(store, records, images);
-    Ok(())
+    copy_images(store, records, images)
 }
 
-/// The image copy of `gather`, on the rayon pool: `images` holds exactly `records.len()` images.
-fn copy_images(store: &Store, records: &[usize], images: &mut [u8]) {
+/// The image copy of `gather`, on the rayon pool: `images` holds exactly `records.len()`
+/// images. Raw records of a fixed-stride store are copied several to a task; in a store with
+/// a record table each record is a task of its own, as decoding one costs far more than a
+/// copy. The first record that fails to decode fails the batch.
+fn copy_images(store: &Store, records: &[usize], images: &mut [u8]) -> Result<()> {
     let image_len = store.header().image_len();
     if records.is_empty() || image_len == 0 {
-        return;
+        return Ok(());
+    }
+    if !store.fixed_stride() {
+        return pool::install(|| {
+            images
+                .par_chunks_mut(image_len)
+                .zip(records.par_iter())
+                .try_for_each(|(slot, &r)| store.read_into(r, slot))
+        });
     }
     let per_task = (BYTES_PER_TASK / image_len).max(1);
     pool::install(|| {
@@ -70,6 +81,7 @@ fn copy_images(store: &Store, records: &[usize], images: &mut [u8]) {
                 }
             });
     });
+    Ok(())
 }
 
 /// The copy bandwidth `gather` can reach on this machine (`fastload bench`'s memory limit):
@@ -99,7 +111,7 @@ pub fn copy_in_order(store: &Store, first: usize, count: usize, batch: &mut [u8]
     for start in (first..end).step_by(per_batch) {
         records.clear();
         records.extend(start..(start + per_batch).min(end));
-        copy_images(store, &records, &mut batch[..records.len() * image_len]);
+        copy_images(store, &records, &mut batch[..records.len() * image_len])?;
     }
     Ok(())
 }

@@ -3,10 +3,13 @@
 //! The `python` feature adds the thin PyO3 binding in `bindings/`.
 
 pub mod augment;
+pub mod codec;
 pub mod direct_write;
+pub mod encoded;
 pub mod error;
 pub mod format;
 pub mod gather;
+pub mod libjpeg;
 pub mod output;
 pub mod pack;
 pub mod pagecache;
@@ -14,6 +17,7 @@ pub mod pool;
 pub mod prefetch;
 pub mod recycle;
 pub mod store;
+pub mod table;
 pub mod writer;
 
 #[cfg(feature = "python")]

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
+use crate::codec::decode_jpeg_into;
 use crate::error::{Error, FormatError, Result};
 use crate::format::{meta_shape, record_checksum, Header, MetaShape, HEADER_SIZE};
+use crate::table::{check_table, Encoding, EncodingCounts, Entry, ENTRY_SIZE};
 use crate::{pagecache, pool};
 
 /// An open store. Cloning is cheap; every clone shares one mapping, which is
@@ -23,6 +25,8 @@ pub struct Store {
     meta: Arc<str>,
     meta_shape: MetaShape,
     identity: FileIdentity,
+    /// How many records are stored each way (all raw in a v1 store).
+    encodings: EncodingCounts,
 }
 
 /// The outcome of a verification: the first damaged record numbers and how many there are.
@@ -88,6 +92,19 @@ impl Store {
                 FormatError::Truncated("the file changed while it was opened".into()),
             ));
         }
+        let encodings = match header.table {
+            // The layout check proved the table and the image section lie inside the file.
+            Some(table) => check_table(
+                &map[table.offset as usize..(table.offset + table.length) as usize],
+                header.image_len() as u64,
+                header.images.length,
+            )
+            .map_err(|e| Error::format(path, e))?,
+            None => EncodingCounts {
+                raw: header.count,
+                jpeg: 0,
+            },
+        };
         let meta_bytes =
             &map[header.meta.offset as usize..(header.meta.offset + header.meta.length) as usize];
         let meta = std::str::from_utf8(meta_bytes)
@@ -102,6 +119,7 @@ impl Store {
             meta,
             meta_shape,
             identity,
+            encodings,
         })
     }
 
@@ -154,10 +172,57 @@ impl Store {
         Ok(i as usize)
     }
 
-    /// The image bytes of record `i` (no padding). `i` must be in range.
+    /// The image bytes of record `i` (no padding) in a store of raw records at a fixed
+    /// stride (v1). `i` must be in range.
     pub fn image(&self, i: usize) -> &[u8] {
+        debug_assert!(self.header.table.is_none());
         let start = self.header.images.offset as usize + i * self.header.stride as usize;
         &self.map[start..start + self.header.image_len()]
+    }
+
+    /// Record `i` as stored: its encoding and bytes. `i` must be in range.
+    pub fn stored(&self, i: usize) -> (Encoding, &[u8]) {
+        let Some(table) = self.header.table else {
+            return (Encoding::Raw, self.image(i));
+        };
+        let at = (table.offset + i as u64 * ENTRY_SIZE) as usize;
+        let entry = Entry::decode(&self.map[at..at + ENTRY_SIZE as usize]);
+        let start = (self.header.images.offset + entry.offset) as usize;
+        (
+            entry.encoding,
+            &self.map[start..start + entry.length as usize],
+        )
+    }
+
+    /// Whether records lie at a fixed stride, so that the image section is an array of
+    /// images (false in a store with a record table, even when every record is raw).
+    pub fn fixed_stride(&self) -> bool {
+        self.header.table.is_none()
+    }
+
+    /// How many records are stored each way.
+    pub fn encodings(&self) -> EncodingCounts {
+        self.encodings
+    }
+
+    /// Writes record `i`'s pixels into `out` (exactly one image): copied when raw, decoded
+    /// when encoded. A record that does not decode is damaged, and named.
+    pub fn read_into(&self, i: usize, out: &mut [u8]) -> Result<()> {
+        match self.stored(i) {
+            (Encoding::Raw, bytes) => out.copy_from_slice(bytes),
+            (Encoding::Jpeg, bytes) => {
+                let h = &self.header;
+                decode_jpeg_into(bytes, (h.height, h.width, h.channels), out).map_err(|e| {
+                    Error::format(
+                        &self.path,
+                        FormatError::Record(format!(
+                            "record {i} does not decode ({e}); `fastload verify --decode` lists every such record"
+                        )),
+                    )
+                })?
+            }
+        }
+        Ok(())
     }
 
     /// The 8 raw little-endian label bytes of record `i`. `i` must be in range.
@@ -196,12 +261,27 @@ impl Store {
 
     /// Every damaged record number, sorted (memory grows with their number: see `verify_limited`).
     pub fn verify(&self) -> Vec<u64> {
-        self.verify_limited(usize::MAX).first
+        self.verify_limited(usize::MAX, false).first
+    }
+
+    /// Whether record `i` is whole: its checksum matches, and with `decode`, an encoded
+    /// record also decodes without error or warning (into `scratch`, one image).
+    fn record_is_whole(&self, i: usize, decode: bool, scratch: &mut Vec<u8>) -> bool {
+        let (encoding, bytes) = self.stored(i);
+        if record_checksum(bytes, self.label_bytes(i)) != self.stored_checksum(i) {
+            return false;
+        }
+        if !decode || encoding == Encoding::Raw {
+            return true;
+        }
+        scratch.resize(self.header.image_len(), 0);
+        self.read_into(i, scratch).is_ok()
     }
 
     /// Recomputes every record checksum in parallel, a chunk at a time, keeping the first
-    /// `limit` damaged record numbers and counting the rest: memory is constant in the store's size.
-    pub fn verify_limited(&self, limit: usize) -> Damage {
+    /// `limit` damaged record numbers and counting the rest: memory is constant in the store's
+    /// size. With `decode`, every encoded record is also decoded (one image buffer per task).
+    pub fn verify_limited(&self, limit: usize, decode: bool) -> Damage {
         let count = self.header.count as usize;
         pool::install(|| {
             let mut damage = Damage {
@@ -211,11 +291,10 @@ impl Store {
             for start in (0..count).step_by(VERIFY_CHUNK) {
                 let damaged: Vec<u64> = (start..count.min(start + VERIFY_CHUNK))
                     .into_par_iter()
-                    .filter(|&i| {
-                        record_checksum(self.image(i), self.label_bytes(i))
-                            != self.stored_checksum(i)
+                    .map_init(Vec::new, |scratch, i| {
+                        (!self.record_is_whole(i, decode, scratch)).then_some(i as u64)
                     })
-                    .map(|i| i as u64)
+                    .flatten()
                     .collect();
                 damage.total += damaged.len() as u64;
                 let room = limit.saturating_sub(damage.first.len()).min(damaged.len());
@@ -228,8 +307,8 @@ impl Store {
     /// Hints the kernel to read ahead the pages of these records.
     pub fn will_need(&self, records: &[usize]) {
         for &i in records {
-            let img = self.image(i);
-            pagecache::will_need(img.as_ptr(), img.len());
+            let bytes = self.stored(i).1;
+            pagecache::will_need(bytes.as_ptr(), bytes.len());
         }
     }
 
@@ -305,8 +384,8 @@ mod tests {
             first: all[..2].to_vec(),
             total: 4,
         };
-        assert_eq!(s.verify_limited(2), first_two);
-        assert_eq!(s.verify_limited(0).total, 4);
+        assert_eq!(s.verify_limited(2, false), first_two);
+        assert_eq!(s.verify_limited(0, false).total, 4);
         assert_eq!(s.verify(), all);
     }
 

@@ -2,18 +2,27 @@
 //! which is fsynced and renamed into place on commit. A reader never sees a half-written
 //! store, and an interrupted write leaves nothing at the destination. The temporary file,
 //! its lock and its move into place are the output rule's (`output.rs`, [`PendingFile`]);
-//! this file lays out the store in it.
+//! this file lays out the store in it: raw records at a fixed stride (format v1), or, for
+//! a writer that encodes (`create_encoded`), records of any length and their table (v2),
+//! each record's encoding chosen by `encoded.rs`.
 
 use std::io::{Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use crate::codec::QUALITY_RANGE;
 use crate::direct_write::DirectWriter;
+use crate::encoded::{encode_chunk, keep_raw, EncodeOptions, EncodeStats};
 use crate::error::{Error, FormatError, Result};
 use crate::format::{
     image_bytes, meta_shape, record_checksum, Header, LabelDtype, HEADER_SIZE, MAX_META_LEN,
+    RECORD_ALIGN,
 };
 use crate::output::PendingFile;
+use crate::table::{Encoding, Entry};
+
+/// Largest side of a record stored as JPEG (the format's 16-bit sizes).
+const MAX_JPEG_SIDE: u32 = 65_535;
 
 /// Bytes of records handed to the kernel, past which the writer asks it to start sending them
 /// to the disk (see [`StoreWriter::start_writeback`]).
@@ -34,6 +43,18 @@ pub struct StoreWriter {
     count: u64,
     /// Bytes of the temporary file whose writeback has been started (from its start).
     writeback_started: u64,
+    /// The record table of a writer that encodes; None for a v1 store.
+    table: Option<TableState>,
+}
+
+/// What a writer that encodes keeps beside the records.
+struct TableState {
+    options: EncodeOptions,
+    /// The table's entries so far, as stored.
+    entries: Vec<u8>,
+    /// Bytes of the image section so far (each record padded to a multiple of 64).
+    records_len: u64,
+    stats: EncodeStats,
 }
 
 impl StoreWriter {
@@ -70,7 +91,51 @@ impl StoreWriter {
             checksums: Vec::new(),
             count: 0,
             writeback_started: 0,
+            table: None,
         })
+    }
+
+    /// Starts a store at `dest` whose records are encoded by `options` (format v2): a
+    /// JPEG for each record of 1 or 3 channels, except where the JPEG is not shorter or the
+    /// budget keeps the record raw.
+    pub fn create_encoded(
+        dest: impl AsRef<Path>,
+        shape: (u32, u32, u32),
+        label_dtype: LabelDtype,
+        overwrite: bool,
+        options: EncodeOptions,
+    ) -> Result<StoreWriter> {
+        if !QUALITY_RANGE.contains(&options.quality) {
+            return Err(Error::Value(format!(
+                "JPEG quality must be between 1 and 100, not {}",
+                options.quality
+            )));
+        }
+        if !matches!(shape.2, 1 | 3) {
+            return Err(Error::Value(format!(
+                "records of {} channels cannot be stored as JPEG (1 or 3 can); store them raw",
+                shape.2
+            )));
+        }
+        if shape.0 > MAX_JPEG_SIDE || shape.1 > MAX_JPEG_SIDE {
+            return Err(Error::Value(format!(
+                "records of {}x{} pixels cannot be stored as JPEG (at most {MAX_JPEG_SIDE} a side)",
+                shape.0, shape.1
+            )));
+        }
+        let mut writer = StoreWriter::create(dest, shape, label_dtype, overwrite)?;
+        writer.table = Some(TableState {
+            options,
+            entries: Vec::new(),
+            records_len: 0,
+            stats: EncodeStats::default(),
+        });
+        Ok(writer)
+    }
+
+    /// What encoding did so far, for a writer that encodes.
+    pub fn encode_stats(&self) -> Option<EncodeStats> {
+        self.table.as_ref().map(|t| t.stats)
     }
 
     pub fn len(&self) -> u64 {
@@ -91,6 +156,9 @@ impl StoreWriter {
 
     /// Appends one record: `image` holds exactly height × width × channels bytes.
     pub fn append(&mut self, image: &[u8], label: [u8; 8]) -> Result<()> {
+        if self.table.is_some() {
+            return self.append_many(image, &label);
+        }
         if image.len() != self.image_len {
             return Err(Error::Value(format!(
                 "image has {} bytes, expected {} for shape {:?}",
@@ -125,14 +193,91 @@ impl StoreWriter {
                 self.image_len
             )));
         }
-        for (image, label) in images
-            .chunks_exact(self.image_len.max(1))
-            .zip(labels.chunks_exact(8))
-        {
-            self.append(image, label.try_into().unwrap())?;
+        if self.table.is_some() {
+            self.append_encoded(images, labels)?;
+        } else {
+            for (image, label) in images
+                .chunks_exact(self.image_len.max(1))
+                .zip(labels.chunks_exact(8))
+            {
+                self.append(image, label.try_into().unwrap())?;
+            }
         }
         self.start_writeback();
         Ok(())
+    }
+
+    /// `append_many` of a writer that encodes: the chunk encoded in parallel, then each
+    /// record written as its choice says, padded to a multiple of 64, with its table entry.
+    fn append_encoded(&mut self, images: &[u8], labels: &[u8]) -> Result<()> {
+        self.out()?;
+        let (shape, image_len, dest) = (self.shape, self.image_len, self.dest.clone());
+        let mut table = self.table.take().expect("a writer that encodes");
+        let written = (|| {
+            let encoded = encode_chunk(images, shape, table.options.quality)
+                .map_err(|e| Error::Value(format!("{}: {e}", dest.display())))?;
+            table.stats.saw(&encoded);
+            let records = images.chunks_exact(image_len).zip(labels.chunks_exact(8));
+            for ((image, label), encoded) in records.zip(&encoded) {
+                let stored = match (encoded, table.options.budget) {
+                    (None, _) => {
+                        table.stats.raw_not_shorter += 1;
+                        None
+                    }
+                    (Some(_), Some(budget))
+                        if keep_raw(
+                            &budget,
+                            self.count,
+                            table.records_len,
+                            image_len as u64,
+                            &table.stats,
+                        ) =>
+                    {
+                        table.stats.raw_by_budget += 1;
+                        None
+                    }
+                    (Some(e), _) => {
+                        table.stats.stored_encoded(e);
+                        Some(&e.jpeg[..])
+                    }
+                };
+                let (encoding, bytes) = match stored {
+                    Some(jpeg) => (Encoding::Jpeg, jpeg),
+                    None => (Encoding::Raw, image),
+                };
+                let entry = Entry {
+                    offset: table.records_len,
+                    length: bytes.len() as u32,
+                    encoding,
+                };
+                let next = entry
+                    .next_offset()
+                    .expect("a record section within 64 bits");
+                let out = self.out()?;
+                out.write_all(bytes).map_err(|e| Error::io(&dest, e))?;
+                let pad = (next - table.records_len) as usize - bytes.len();
+                out.write_all(&[0u8; RECORD_ALIGN as usize][..pad])
+                    .map_err(|e| Error::io(&dest, e))?;
+                let label: [u8; 8] = label.try_into().unwrap();
+                table.entries.extend_from_slice(&entry.encode());
+                table.records_len = next;
+                self.labels.extend_from_slice(&label);
+                self.checksums
+                    .extend_from_slice(&record_checksum(bytes, label).to_le_bytes());
+                self.count += 1;
+            }
+            Ok(())
+        })();
+        self.table = Some(table);
+        written
+    }
+
+    /// Bytes of records in the file so far (after the header).
+    fn records_len(&self) -> u64 {
+        match &self.table {
+            Some(table) => table.records_len,
+            None => self.count * (self.image_len + self.padding.len()) as u64,
+        }
     }
 
     /// Asks Linux to start writing back the records already handed to the kernel, once
@@ -144,8 +289,7 @@ impl StoreWriter {
     /// nor while the records go to the disk directly (nothing of them is then dirty).
     fn start_writeback(&mut self) {
         let Some(out) = self.out.as_ref() else { return };
-        let stride = (self.image_len + self.padding.len()) as u64;
-        let handed = HEADER_SIZE as u64 + self.count * stride - out.buffered() as u64;
+        let handed = HEADER_SIZE as u64 + self.records_len() - out.buffered() as u64;
         if out.is_direct() || handed < self.writeback_started + WRITEBACK_BYTES {
             return;
         }
@@ -181,27 +325,47 @@ impl StoreWriter {
                     "metadata must be a JSON object a reader accepts: {e}"
                 ))
             })?;
-        let header = Header::new(
-            self.count,
-            self.shape,
-            self.label_dtype,
-            meta_json.len() as u64,
-        )
+        let meta_len = meta_json.len() as u64;
+        let header = match &self.table {
+            Some(table) => Header::new_with_table(
+                self.count,
+                self.shape,
+                self.label_dtype,
+                table.records_len,
+                meta_len,
+            ),
+            None => Header::new(self.count, self.shape, self.label_dtype, meta_len),
+        }
         .map_err(|e| Error::format(&self.dest, e))?;
+        if let Some(budget) = self.table.as_ref().and_then(|t| t.options.budget) {
+            if header.file_length > budget.max_file_bytes {
+                return Err(Error::Value(format!(
+                    "{}: the store needs {} bytes, more than the {} bytes allowed (max_size), with {} \
+                     of its {} records encoded: lower the quality or allow more",
+                    self.dest.display(),
+                    header.file_length,
+                    budget.max_file_bytes,
+                    self.table.as_ref().map_or(0, |t| t.stats.encoded),
+                    self.count
+                )));
+            }
+        }
         let dest = self.dest.clone();
         let io = |e| Error::io(&dest, e);
         let labels = std::mem::take(&mut self.labels);
         let checksums = std::mem::take(&mut self.checksums);
+        let entries = self.table.take().map(|t| t.entries).unwrap_or_default();
         let mut out = self
             .out
             .take()
             .ok_or_else(|| Error::Value("the writer is already committed or discarded".into()))?;
         let mut at = header.images.offset + header.images.length;
-        for (section, bytes) in [
+        let table = header.table.map(|section| (section, &entries[..]));
+        for (section, bytes) in table.into_iter().chain([
             (header.labels, &labels[..]),
             (header.checksums, &checksums[..]),
             (header.meta, meta_json.as_bytes()),
-        ] {
+        ]) {
             out.write_all(&vec![0u8; (section.offset - at) as usize])
                 .map_err(io)?;
             out.write_all(bytes).map_err(io)?;

@@ -121,9 +121,43 @@ impl CoreStore {
         Ok(self.store()?.bounded_meta_json().map_err(to_py)?.to_owned())
     }
 
+    /// The image section: in a store of raw records at a fixed stride, every image.
     fn image_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u8>>> {
         let s = self.store()?;
         view(py, &s, s.images_range())
+    }
+
+    /// Whether records lie at a fixed stride (a v1 store), so the image section is an array.
+    #[getter]
+    fn fixed_stride(&self) -> PyResult<bool> {
+        Ok(self.store()?.fixed_stride())
+    }
+
+    /// The format version of the file: 1 (raw records at a fixed stride) or 2 (record table).
+    #[getter]
+    fn version(&self) -> PyResult<u32> {
+        Ok(self.store()?.header().version())
+    }
+
+    /// {"raw": n, "jpeg": n}: how many records are stored each way.
+    #[getter]
+    fn encodings(&self) -> PyResult<(u64, u64)> {
+        let counts = self.store()?.encodings();
+        Ok((counts.raw, counts.jpeg))
+    }
+
+    /// Record `index` as stored: its encoding's name and a zero-copy view of its bytes
+    /// (the compressed bytes of an encoded record, for a decoder elsewhere: the GPU's).
+    fn stored<'py>(
+        &self,
+        py: Python<'py>,
+        index: i64,
+    ) -> PyResult<(&'static str, Bound<'py, PyArray1<u8>>)> {
+        let s = self.store()?;
+        let i = s.resolve(index).map_err(to_py)?;
+        let (encoding, bytes) = s.stored(i);
+        let start = bytes.as_ptr() as usize - s.mapping().as_ptr() as usize;
+        Ok((encoding.name(), view(py, &s, start..start + bytes.len())?))
     }
 
     fn label_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u8>>> {
@@ -192,11 +226,17 @@ impl CoreStore {
         .map_err(to_py)
     }
 
-    /// (the first `limit` record numbers whose checksum does not match, how many there are); no limit: all.
-    #[pyo3(signature = (limit=None))]
-    fn verify(&self, py: Python<'_>, limit: Option<usize>) -> PyResult<(Vec<u64>, u64)> {
+    /// (the first `limit` record numbers whose checksum does not match, how many there are); no
+    /// limit: all. With `decode`, an encoded record that does not decode is damaged too.
+    #[pyo3(signature = (limit=None, decode=false))]
+    fn verify(
+        &self,
+        py: Python<'_>,
+        limit: Option<usize>,
+        decode: bool,
+    ) -> PyResult<(Vec<u64>, u64)> {
         let store = self.store()?;
-        let damage = py.detach(|| store.verify_limited(limit.unwrap_or(usize::MAX)));
+        let damage = py.detach(|| store.verify_limited(limit.unwrap_or(usize::MAX), decode));
         Ok((damage.first, damage.total))
     }
 

@@ -55,8 +55,8 @@ use crate::error::{Error, Result};
 use crate::pool;
 use decode::{guarded, load_into};
 
+pub use crate::libjpeg::{jpeg_simd, MAX_WARNINGS_KEPT};
 pub use budget::{ByteBudget, Reservation};
-pub use jpeg::jpeg_simd;
 
 /// Largest image accepted, in pixels (width × height): 100 megapixels.
 pub const MAX_PIXELS: u64 = 100_000_000;
@@ -70,8 +70,6 @@ pub const DECODE_MEMORY_BUDGET: u64 = 2 << 30;
 pub const MAX_WORKERS_PER_CORE: usize = 4;
 /// How often the calling thread asks `stop` while a chunk decodes.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
-/// Most distinct libjpeg warnings kept for one file (a damaged scan repeats them by the thousand).
-pub const MAX_WARNINGS_KEPT: usize = 5;
 
 /// How an image of another aspect ratio is fitted to the record's height × width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

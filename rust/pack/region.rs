@@ -18,11 +18,12 @@ use std::os::raw::c_ulong;
 use fast_image_resize::CropBox;
 use image::RgbImage;
 use mozjpeg_sys::{
-    boolean, jpeg_create_decompress, jpeg_crop_scanline, jpeg_decompress_struct,
-    jpeg_destroy_decompress, jpeg_error_mgr, jpeg_finish_decompress, jpeg_mem_src,
+    boolean, jpeg_crop_scanline, jpeg_error_mgr, jpeg_finish_decompress, jpeg_mem_src,
     jpeg_read_header, jpeg_read_scanlines, jpeg_skip_scanlines, jpeg_start_decompress, JDIMENSION,
     J_COLOR_SPACE,
 };
+
+use crate::libjpeg::Decompressor;
 
 /// Pixels decoded beyond the resampler's reach on each side: two iMCUs of the largest
 /// (16-pixel) kind, so the pixels libjpeg moves at a cut are never read.
@@ -62,19 +63,6 @@ pub fn crop_region((width, height): (u32, u32), record: (u32, u32)) -> Region {
     }
 }
 
-/// A libjpeg decompressor, destroyed when dropped (also when libjpeg's error unwinds).
-struct Decompressor {
-    cinfo: Box<jpeg_decompress_struct>,
-    _err: Box<jpeg_error_mgr>,
-}
-
-impl Drop for Decompressor {
-    fn drop(&mut self) {
-        // SAFETY: created by jpeg_create_decompress, destroyed once.
-        unsafe { jpeg_destroy_decompress(&mut self.cinfo) };
-    }
-}
-
 /// Decodes the JPEG `bytes` to RGB at `scale`/8 in the DCT domain, as the `mozjpeg` crate's
 /// `Decompress` does (same source behaviour: a missing end gets libjpeg's "premature end"
 /// warning), but only the pixels of `region` (of the scaled image; clamped to it); the others
@@ -85,15 +73,7 @@ pub fn decode(
     region: Region,
     err: jpeg_error_mgr,
 ) -> io::Result<RgbImage> {
-    let mut err = Box::new(err);
-    // SAFETY: a zeroed struct is what jpeg_create_decompress expects, with `err` set first;
-    // both live in boxes (stable addresses) owned by the guard, which destroys the struct.
-    let mut decompressor = unsafe {
-        let mut cinfo: Box<jpeg_decompress_struct> = Box::new(std::mem::zeroed());
-        cinfo.common.err = &mut *err;
-        jpeg_create_decompress(&mut *cinfo);
-        Decompressor { cinfo, _err: err }
-    };
+    let mut decompressor = Decompressor::new(err);
     let cinfo = &mut *decompressor.cinfo;
     // SAFETY: `bytes` outlives the decompressor; every call follows libjpeg's API order
     // (header, parameters, start, crop, skip/read, finish).

@@ -13,9 +13,10 @@ use image::{
 
 use super::decode::{full_decode_footprint, guarded, image_decoder, jpeg_is_truncated, to_rgb};
 use super::io::read_image_file;
-use super::jpeg::{dct_scale, decode_jpeg, libjpeg_frame, scaled, JpegFrame, JpegWarnings};
+use super::jpeg::{dct_scale, decode_jpeg, libjpeg_frame, scaled, JpegFrame};
 use super::resize::{needed_size, oriented, pad_geometry, resize_into};
 use super::*;
+use crate::libjpeg::JpegWarnings;
 
 fn encode(image: &DynamicImage, format: ImageFormat) -> Vec<u8> {
     let mut out = Cursor::new(Vec::new());
