@@ -494,7 +494,7 @@ def test_a_store_on_a_disk_keeps_its_cold_rows(quick_run):
 
 
 def test_the_ram_disk_write_bench_writes_verified_stores_on_both_and_reports_each(ram_disk_folder, tmp_path):
-    script = Path(__file__).parent.parent / "benches" / "bench_ram_disk_write.py"
+    script = Path(__file__).resolve().parents[2] / "benches" / "bench_ram_disk_write.py"
     argv = [sys.executable, str(script), "--mb", "2", "--rounds", "1"]
     done = subprocess.run(
         argv + ["--ram-dir", ram_disk_folder, "--disk-dir", str(tmp_path)],
