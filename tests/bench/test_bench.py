@@ -67,6 +67,11 @@ def test_quick_run_reports_every_stage_in_the_json(quick_run, tiny_store):
     # The stages every machine can run did run.
     for name in ("memcpy", "disk", "gather", "dataset", "memmap", "dataloader"):
         assert saved["stages"][name]["status"] == "ok", saved["stages"][name]
+    # DeviceLoader(cpu) beside the same gather and conversion in a plain loop (#43: what the
+    # device stage costs beyond its work).
+    assert {"DeviceLoader(cpu), warm, random", "Store.gather + to_device(cpu), warm, random"} <= set(
+        saved["stages"]["dataset"]["methods"]
+    )
     if importable("PIL"):
         assert saved["stages"]["jpeg"]["status"] == "ok"
     else:
