@@ -11,7 +11,7 @@ pytorch-lattice, sklearn's IsotonicRegression and HistGradientBoostingRegressor(
 same data (1-D step, sigmoid and log curves at n = 200, 2,000, 20,000; the 8-feature task), several
 seeds: test RMSE, fit time and the worst decrease along monotone inputs on grid lines and random
 pairs (budget rules above ``CURVES``).
-``--quick`` is the smoke test ``tests/test_bench_monotonic.py`` runs. Missing optional packages
+``--quick`` is the smoke test ``tests/benches/test_bench_monotonic.py`` runs. Missing optional packages
 leave their methods out.
 """
 

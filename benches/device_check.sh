@@ -224,7 +224,7 @@ suite_step() {
     "$PYTHON" -c "import xdist" 2>/dev/null && parallel=(-n 8)
     # The dry run: the files of the data path only (store, dataset, device, resident), about a
     # minute on 2 cores; CI runs the whole suite on its own just before.
-    [[ "$DEVICE" == cpu ]] && files=(tests/test_store.py tests/test_dataset.py tests/test_device.py tests/test_resident.py)
+    [[ "$DEVICE" == cpu ]] && files=(tests/test_store.py tests/dataset/test_dataset.py tests/test_device.py tests/test_resident.py)
     pytest_step suite -m "not slow" "${parallel[@]}" "${files[@]}"
 }
 

@@ -1,6 +1,5 @@
-"""What the dataset tests share (tests/test_dataset.py, test_plan.py, test_prefetch.py,
-test_buffers.py, test_dataset_store.py, test_distributed.py, test_accelerate.py,
-test_lightning.py): a store of N records, whose `store_path` fixture is in conftest.py, the
+"""What the dataset tests share (tests/dataset/, and tests/test_distributed.py,
+test_accelerate.py and test_lightning.py): a store of N records, whose `store_path` fixture is in conftest.py, the
 record numbers of each batch of an epoch, and a DataLoader worker simulated in this process;
 for the tests that train in other processes, a store labelled by record number and the share
 each rank gets without them."""

@@ -1,4 +1,4 @@
-"""Run by tests/test_dataset_store.py: DataLoader workers forked EPOCHS x 2 times while
+"""Run by tests/dataset/test_dataset_store.py: DataLoader workers forked EPOCHS x 2 times while
 fastload's Rust threads are busy in the same process (a thread gathering batches without the
 GIL, and the main process's own prefetcher of a second dataset). Prints one line per epoch;
 a worker that hangs makes the DataLoader raise after its 20 s timeout, and faulthandler dumps

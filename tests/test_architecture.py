@@ -145,3 +145,61 @@ def test_no_module_is_longer_than_a_reader_can_hold():
         if not path.stem.endswith("tests") and code_lines(path) > MAX_RUST_LINES
     ]
     assert too_long == []
+
+
+def orphan_test_problems(root: Path) -> list:
+    """Test files in a folder of tests/ that name no module (docs/ARCHITECTURE.md, "Tests"):
+    `tests/<pkg>/test_<mod>.py` must name `python/fastload/<pkg>/<mod>.py` or a subpackage
+    `<mod>/`; `test_<pkg>.py` names the package itself, and `test_<mod>_<aspect>.py` (or
+    `test_<pkg>_<aspect>.py`) a second file of one module. `tests/benches/test_<script>.py`
+    names `benches/<script>.*` the same way. So a module renamed or removed without its tests
+    leaves a test that fails here, not a file nobody can find from the code."""
+    problems = []
+    for test in sorted((root / "tests").glob("*/**/test_*.py")):
+        folder = test.parent.relative_to(root / "tests")
+        if folder.parts[0] == "benches":
+            source = root / "benches"
+            names = {p.name.split(".")[0] for p in source.iterdir() if p.is_file()}
+        else:
+            source = root / "python" / "fastload" / folder
+            if not (source / "__init__.py").is_file():
+                problems.append(f"tests/{folder}/: no package python/fastload/{folder}/")
+                continue
+            names = {p.stem for p in source.glob("*.py") if p.stem != "__init__"}
+            names |= {p.name for p in source.iterdir() if (p / "__init__.py").is_file()}
+            names.add(source.name)  # the package itself: its __init__.py
+        tested = test.stem[len("test_") :]
+        if not any(tested == name or tested.startswith(name + "_") for name in names):
+            problems.append(f"tests/{folder}/{test.name}: no module {source.relative_to(root)}/{tested}")
+    return problems
+
+
+def test_every_test_file_in_a_folder_names_a_module_there():
+    assert orphan_test_problems(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    "test, problem",
+    [
+        ("tests/dataset/test_plan.py", None),
+        ("tests/dataset/test_dataset_store.py", None),
+        ("tests/dataset/test_dataset.py", None),
+        (
+            "tests/dataset/test_walks.py",
+            "tests/dataset/test_walks.py: no module python/fastload/dataset/walks",
+        ),
+        ("tests/gone/test_plan.py", "tests/gone/: no package python/fastload/gone/"),
+        ("tests/benches/test_scale.py", None),
+        ("tests/benches/test_speed.py", "tests/benches/test_speed.py: no module benches/speed"),
+    ],
+)
+def test_a_test_file_whose_module_was_renamed_is_found(tmp_path, test, problem):
+    package = tmp_path / "python" / "fastload" / "dataset"
+    package.mkdir(parents=True)
+    for name in ("__init__.py", "plan.py", "dataset.py"):
+        (package / name).write_text("")
+    (tmp_path / "benches").mkdir()
+    (tmp_path / "benches" / "scale.py").write_text("")
+    (tmp_path / test).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / test).write_text("")
+    assert orphan_test_problems(tmp_path) == ([problem] if problem else [])

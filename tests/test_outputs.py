@@ -24,8 +24,8 @@ import types
 
 import numpy as np
 import pytest
-import test_train
-from test_train import FAST
+import train_helpers
+from train_helpers import FAST
 
 from fastload import StoreWriter, _core, cli
 from fastload.augment import Augment
@@ -35,7 +35,7 @@ from fastload.store import Store
 from fastload.train import epoch_logger, fit
 
 AS_ROOT = os.geteuid() == 0
-store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
+store_path = train_helpers.store_path  # the 200-record store of tests/train_helpers.py, as a fixture here
 ONE_STEP = dict(epochs=1, max_steps=1, **FAST)
 IMG = np.zeros((2, 2, 3), np.uint8)
 

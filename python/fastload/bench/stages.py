@@ -12,7 +12,7 @@ import torch
 from fastload import _core
 from fastload.bench.measure import Context, Figure, Skip
 from fastload.dataset import FastLoadDataset
-from fastload.device import DeviceLoader
+from fastload.device import DeviceLoader, to_device
 from fastload.resident import DeviceStore
 from fastload.store import Store
 
@@ -163,9 +163,51 @@ def _dataset_epochs(ctx: Context, order: str):
     return make_trial
 
 
+def _device_loader_epochs(ctx: Context):
+    """Makes trials that iterate `DeviceLoader(FastLoadDataset, "cpu")`, one epoch per call: the
+    device stage's own cost per batch (the float32 conversion on the CPU included) beside the
+    dataset's, with no GPU in the way."""
+    indices = None if ctx.sample == ctx.count else np.arange(ctx.sample)
+
+    def make_trial(store: Store):
+        dataset = FastLoadDataset(store, ctx.batch_size, order="random", indices=indices, seed=0)
+        loader = DeviceLoader(dataset, "cpu")
+
+        def epoch() -> Tuple[float, int]:
+            images = sum(len(batch[0]) for batch in loader)
+            return images, images * ctx.image_nbytes
+
+        return epoch
+
+    return make_trial
+
+
+def _gather_and_convert(ctx: Context):
+    """Makes trials that do DeviceLoader(cpu)'s work in a plain loop, one epoch per call:
+    `Store.gather` of shuffled batches into a reused buffer, then `to_device(batch, "cpu")`.
+    DeviceLoader's row over this one is what the stages cost beyond the work they must do."""
+    batches = ctx.batches(ctx.order())
+    out = np.empty((ctx.batch_size, *ctx.shape), dtype=np.uint8)
+    labels = np.empty(ctx.batch_size, dtype=ctx.labels.dtype)
+    images = torch.from_numpy(out)
+
+    def make_trial(store: Store):
+        def epoch() -> Tuple[float, int]:
+            for idx in batches:
+                store.gather(idx, out=out[: len(idx)], labels_out=labels[: len(idx)])
+                to_device(images[: len(idx)], "cpu")
+            return ctx.sample, ctx.sample_bytes
+
+        return epoch
+
+    return make_trial
+
+
 def bench_dataset(ctx: Context) -> List[Figure]:
     """`FastLoadDataset` epochs over the sampled records: warm in random and block order, and
-    cold (first epoch from disk) in every order, to set against a sequential read of the file."""
+    cold (first epoch from disk) in every order, to set against a sequential read of the file;
+    and `DeviceLoader(..., "cpu")` over it, warm and random, beside the same gather and float32
+    conversion in a plain loop."""
     figures = []
     for measure, state, orders in (
         (_warm, "warm", ("random", "block")),
@@ -175,6 +217,10 @@ def bench_dataset(ctx: Context) -> List[Figure]:
             figures.append(
                 measure(ctx, "dataset", f"FastLoadDataset, {state}, {order}", _dataset_epochs(ctx, order))
             )
+    figures.append(_warm(ctx, "dataset", "DeviceLoader(cpu), warm, random", _device_loader_epochs(ctx)))
+    figures.append(
+        _warm(ctx, "dataset", "Store.gather + to_device(cpu), warm, random", _gather_and_convert(ctx))
+    )
     return figures
 
 

@@ -20,8 +20,9 @@ sign is worse: a flag the user passes would break the promise that the default
 is imported would change a library's methods process-wide and break on the same refactors;
 `gc.get_referrers` is slow and depends on the collector. What this module assumes of
 Accelerate (the three class names, their `dataset` attribute, the calls reaching the dataset
-within CALLER_DEPTH frames) is pinned by tests/test_dispatch.py against the installed release,
-which CI runs with the newest Accelerate and an older one (pyproject.toml's test extra)."""
+within CALLER_DEPTH frames) is pinned by tests/dataset/test_dispatch.py, and the end result by
+tests/test_accelerate.py, which `.ci/run` runs against the newest Accelerate and the oldest
+that pyproject.toml's test extra accepts (1.0.0)."""
 
 from __future__ import annotations
 

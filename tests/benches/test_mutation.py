@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benches" / "mutation.py"
 spec = importlib.util.spec_from_file_location("mutation", SCRIPT)
 mutation = importlib.util.module_from_spec(spec)

@@ -3,17 +3,16 @@ build, augmentation, the command line and its answers to bad input."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 import torch
+import train_helpers
+from train_helpers import FAST, STEPS_PER_EPOCH, UNWRITABLE_DIR, parameter_copies, run_cli, train_argv
 
-import fastload
 import fastload.train as train_mod
 from fastload import cli
 from fastload import inspect as inspect_mod
@@ -21,70 +20,8 @@ from fastload.augment import Augment
 from fastload.monotonic import check_monotone
 from fastload.store import Store, StoreWriter
 from fastload.train import fit, prepare_images
-from fastload.train.models import MonotonicClassifier, MonotonicRegressor, channels_last_convolutions
 
-COUNT, SIDE = 200, 16
-
-
-# One intra-op thread: the model is tiny, and on a busy 2-core machine every OpenMP region
-# otherwise waits for a descheduled thread (tens of times slower).
-FAST = dict(batch_size=16, lr=3e-2, device="cpu", threads=1)
-
-
-STEPS_PER_EPOCH = math.ceil(180 / 16)  # 10% of the 200 records are held out for validation
-
-
-ONE_STEP = dict(epochs=1, max_steps=1, **FAST)
-
-
-# A folder that takes no new file, even for root: sysfs refuses it (EACCES, or EROFS read-only).
-UNWRITABLE_DIR = "/sys"
-
-
-def images_and_labels(seed: int = 0, count: int = COUNT, side: int = SIDE):
-    rng = np.random.default_rng(seed)
-    gain = rng.uniform(0.1, 1.0, count)
-    images = (rng.uniform(0, 255, (count, side, side, 3)) * gain[:, None, None, None]).astype(np.uint8)
-    return images, images.reshape(count, -1).mean(1) / 255.0  # label: mean brightness
-
-
-@pytest.fixture(scope="module")
-def store_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("train") / "bright.fastload"
-    images, labels = images_and_labels()
-    with StoreWriter(path, (SIDE, SIDE, 3)) as writer:
-        writer.extend(images, labels)
-    return path
-
-
-@pytest.fixture(scope="module")
-def exposure_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("inputs") / "exposure.npy"
-    np.save(path, np.random.default_rng(1).uniform(0, 1, COUNT))
-    return path
-
-
-def parameter_copies(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def digest(path) -> str:
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
-def run_cli(argv, capsys):
-    """(exit status, stderr, stdout) of `fastload` with ``argv``, usage errors (SystemExit) included."""
-    try:
-        status = cli.main(argv)
-    except SystemExit as exc:
-        status = exc.code
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return status, err, out
-
-
-def train_argv(store, *extra):
-    return ["train", os.fspath(store), "--device", "cpu", "--threads", "1", "--batch-size", "16", *extra]
+store_path, exposure_path = train_helpers.store_path, train_helpers.exposure_path  # module fixtures
 
 
 def test_fit_reports_finite_metrics_and_learns(store_path):
@@ -123,31 +60,6 @@ def test_monotone_inputs_reach_a_monotone_model(store_path, exposure_path):
     images = torch.from_numpy(Store(store_path).gather(result.val_indices)[0])
     exposure = torch.from_numpy(np.load(exposure_path)[result.val_indices, None].astype(np.float32))
     assert check_monotone(result.model, prepare_images(images, result.config, "cpu"), exposure) <= 1e-6
-
-
-@pytest.mark.parametrize(
-    "model", [MonotonicRegressor(), MonotonicClassifier(3)], ids=["regressor", "classifier"]
-)
-def test_the_cuda_layout_reorders_the_convolutions_only(model):
-    # On CUDA the trainer stores its model channels_last. model.to(memory_format=channels_last)
-    # refused the default model's 5-d lattice vertices (4 x 3 x 3 x 3 x 3), so every CUDA run,
-    # `fastload train --runs 4 --device cuda` included, failed before its first step (#25).
-    model.eval()
-    x = torch.rand(4, 3, SIDE, SIDE)
-    before = model(x)
-    assert channels_last_convolutions(model) is model
-    convolutions = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert convolutions and all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
-    others = [p for p in model.parameters() if all(p is not w for w in convolutions)]
-    assert any(p.dim() == 5 for p in others) and all(p.is_contiguous() for p in others)
-    torch.testing.assert_close(model(x), before)
-
-
-def test_resnet18_without_torchvision_says_how_to_get_it(store_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchvision", None)
-    monkeypatch.setitem(sys.modules, "torchvision.models", None)
-    with pytest.raises(fastload.MissingDependencyError, match="needs torchvision.*pip install torchvision"):
-        fit(store_path, backbone="resnet18", **FAST)
 
 
 def test_cli_prints_json_lines_and_writes_a_checkpoint(store_path, tmp_path, capsys):

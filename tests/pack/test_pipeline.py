@@ -1,8 +1,7 @@
 """`fastload.pack` / `fastload pack`, the pipeline (`fastload/pack/pipeline.py`): formats,
 orientation, resize geometry, bad and damaged files, strict, bounded workers and record sizes,
 determinism, interruption (Ctrl-C included) and exit codes, and the report's escaped names.
-Fixtures are tiny images made with Pillow; the helpers here serve test_pack_walk.py and
-test_pack_labels.py too."""
+Fixtures are tiny images made with Pillow (tests/pack_helpers.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import warnings
 import zlib
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pack_helpers import ESCAPED, HOSTILE, SIZE, classes, cli, gradient, image, photo_folder
 from PIL import Image, ImageOps
 
 import fastload
@@ -30,17 +29,6 @@ import fastload.inspect
 from fastload import BadFilesError, _core
 from fastload.cli import main as cli_main
 from fastload.pack import PackReport, pipeline
-
-SIZE = 32
-
-
-def gradient(h: int = SIZE, w: int = SIZE, seed: int = 0) -> np.ndarray:
-    """A smooth RGB image with some structure (JPEG keeps it close)."""
-    y, x = np.mgrid[0:h, 0:w]
-    rng = np.random.default_rng(seed)
-    a, b, c = rng.uniform(2, 6, 3)
-    img = np.stack([x * a, y * b, (x + y) * c], axis=-1) + 20
-    return np.clip(img, 0, 255).astype(np.uint8)
 
 
 def png16(path: Path, arr: np.ndarray) -> None:
@@ -227,50 +215,6 @@ def test_resize_modes_give_their_geometry(tmp_path):
     assert mean_abs_diff(packed["squash"], np.asarray(pil.resize((32, 32), Image.LANCZOS))) < 1.0
 
 
-def photo_folder(root: Path, names, size: int = 8) -> Path:
-    for i, name in enumerate(names):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(gradient(size, size, seed=i)).save(root / name)
-    return root
-
-
-def image(path: Path, side: int = 8, value: int = 100) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.full((side, side, 3), value, np.uint8)).save(path)
-    return path
-
-
-def classes(src: Path) -> Path:
-    image(src / "cat" / "a.png")
-    image(src / "dog" / "b.png", value=200)
-    return src
-
-
-def cli(capsys, *args) -> tuple:
-    code = cli_main(["pack", *map(str, args)])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def pack_within(seconds: float, *args, **kwargs):
-    """`pack` in a thread that must finish within `seconds` (a blocked decode fails the test)."""
-    result = {}
-
-    def run():
-        try:
-            result["report"] = fastload.pack(*args, **kwargs)
-        except Exception as exc:  # handed to the test
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"pack did not finish within {seconds} s"
-    if "error" in result:
-        raise result["error"]
-    return result["report"]
-
-
 def test_verify_names_the_source_of_a_damaged_record(tmp_path):
     src = photo_folder(tmp_path / "src", ["c/a.png", "c/b.png", "d/c.png"])
     path = fastload.pack(src, tmp_path / "s.fl", 8).path
@@ -411,10 +355,6 @@ def test_strict_refuses_a_damaged_jpeg_but_not_files_skipped_by_rule(tmp_path, c
 
 
 # Control characters in names
-
-HOSTILE = "a\x1b[31mred\r\n.jpg"
-
-ESCAPED = "a\\x1b[31mred\\r\\n.jpg"
 
 
 @pytest.mark.safety

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from pack_helpers import classes, cli, gradient, image, pack_within
 from PIL import Image
-from test_pack import classes, cli, gradient, image, pack_within
 
 import fastload
 from fastload.pack import LINK_OUTSIDE_SRC, pipeline

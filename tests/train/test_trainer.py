@@ -8,17 +8,17 @@ import shutil
 
 import numpy as np
 import pytest
-import test_train
 import torch
-from test_train import FAST, ONE_STEP, SIDE, STEPS_PER_EPOCH, images_and_labels, parameter_copies
+import train_helpers
+from train_helpers import FAST, ONE_STEP, SIDE, STEPS_PER_EPOCH, images_and_labels, parameter_copies
 
 import fastload.train.config as train_config
 from fastload.augment import Augment
 from fastload.store import StoreWriter
 from fastload.train import fit
 
-store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
-exposure_path = test_train.exposure_path
+store_path = train_helpers.store_path  # the 200-record store of tests/train_helpers.py, as a fixture here
+exposure_path = train_helpers.exposure_path
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benches" / "bench_fit_many.py"
+BENCH = Path(__file__).resolve().parents[2] / "benches" / "bench_fit_many.py"
 
 
 def _bench(*args, timeout=240):

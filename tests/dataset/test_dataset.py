@@ -1,8 +1,8 @@
 """FastLoadDataset (`fastload.dataset.dataset`) as a training loop sees it: every order covers
 the epoch, workers and epochs, drop_last, the batches themselves, resume (state_dict, torchdata's
 StatefulDataLoader), argument checks. The plan, buffers, prefetch, ranks and the store it reads
-have their own files (test_plan.py, test_buffers.py, test_prefetch.py, test_distributed.py,
-test_dataset_store.py)."""
+have their own files beside this one (test_plan.py, test_buffers.py, test_prefetch.py,
+test_dataset_store.py) and tests/test_distributed.py."""
 
 import collections
 import copy

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from train_helpers import disk_full_at
 
 import fastload
 from fastload import cli
@@ -53,39 +54,6 @@ def _assert_same_parameters(a, b):
 
 def _steps(folder) -> dict:
     return {p.name: load_checkpoint(p)["step"] for p in sorted(folder.iterdir())}
-
-
-class FullDisk(io.RawIOBase):
-    """A file on a disk that fills after ``room`` bytes: later writes raise ENOSPC, as the
-    kernel's write does."""
-
-    def __init__(self, file, room: int):
-        self.file, self.room = file, room
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        if len(data) > self.room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.room -= len(data)
-        return self.file.write(data)
-
-
-def disk_full_at(monkeypatch, call: int) -> None:
-    """The real torch.save, whose ``call``-th file (counting from 1) fills the disk midway."""
-    real, calls = torch.save, []
-
-    def save(obj, f, *args, **kwargs):
-        calls.append(f)
-        if len(calls) != call:
-            return real(obj, f, *args, **kwargs)
-        if isinstance(f, (str, os.PathLike)):  # torch.save given a path opens it itself
-            with open(f, "wb") as file:
-                return real(obj, FullDisk(file, 1000), *args, **kwargs)
-        return real(obj, FullDisk(f, 1000), *args, **kwargs)
-
-    monkeypatch.setattr(torch, "save", save)
 
 
 # ---------------------------------------------------------------- a group saved all or nothing

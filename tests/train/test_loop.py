@@ -12,16 +12,16 @@ import sys
 import time
 
 import pytest
-import test_train
 import torch
-from test_train import FAST, ONE_STEP, SIDE, STEPS_PER_EPOCH, digest
+import train_helpers
+from train_helpers import FAST, ONE_STEP, SIDE, STEPS_PER_EPOCH, digest
 
 import fastload.train as train_mod
 import fastload.train.config as train_config
 from fastload.train import Trainer, fit, prepare_images
 from fastload.train.data import DataStream
 
-store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
+store_path = train_helpers.store_path  # the 200-record store of tests/train_helpers.py, as a fixture here
 
 
 def test_size_downscales_on_the_device_and_progress_draws_a_bar(store_path, capsys):
@@ -127,7 +127,7 @@ def test_a_model_diverged_without_an_error_stops_before_evaluation(store_path, m
 
     monkeypatch.setattr(train_mod.Trainer, "train_step", poisoning_step)
     logged = []
-    with pytest.raises(ValueError, match=rf"step {test_train.STEPS_PER_EPOCH} .*non-finite parameters"):
+    with pytest.raises(ValueError, match=rf"step {train_helpers.STEPS_PER_EPOCH} .*non-finite parameters"):
         fit(store_path, epochs=1, log=logged.append, **FAST)
     assert logged == []
 

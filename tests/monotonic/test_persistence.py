@@ -15,7 +15,7 @@ from monotone_helpers import (
     table_with_categories_and_gaps,
     three_feature_table,
 )
-from test_checkpoints import disk_full_at
+from train_helpers import disk_full_at
 
 from fastload.monotonic import Lattice, LatticeClassifier, LatticeRegressor
 

@@ -167,7 +167,7 @@ def test_workers_forked_while_fastload_threads_work_never_hang(tmp_path):
         )
     epochs = 100
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("fork_worker.py")), str(path), str(epochs)],
+        [sys.executable, str(Path(__file__).parents[1] / "fork_worker.py"), str(path), str(epochs)],
         capture_output=True,
         text=True,
         timeout=300,

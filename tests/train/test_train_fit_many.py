@@ -14,9 +14,8 @@ import fastload
 from fastload import cli
 from fastload.store import StoreWriter
 from fastload.train import config as train_config
-from fastload.train import fit, format_epoch, runs_table, stacked
+from fastload.train import fit, format_epoch, stacked
 from fastload.train import trainer as train_mod
-from fastload.train.runs import exit_status, resolve_runs, runs_from_values, split_values
 
 COUNT, SIDE = 40, 8
 SHARED = dict(epochs=2, batch_size=8, device="cpu", threads=1, deterministic=True)
@@ -211,38 +210,6 @@ def test_a_bad_runs_file_is_refused_naming_it(store_path, tmp_path):
     path.write_text("[{")
     with pytest.raises(ValueError, match=r"runs file .*runs\.json: not JSON"):
         fastload.fit_many(store_path, path, **SHARED)
-
-
-def test_split_values_names_options_as_the_caller_spells_them():
-    assert split_values({"lr": [1.0], "seed": [1, 2]}, 2) == ({"lr": 1.0}, {"seed": [1, 2]})
-    assert split_values({"lr": [1.0]}) == ({"lr": 1.0}, {})
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
-    with pytest.raises(ValueError, match="^--weight-decay gives 2 values for --runs 3: give 1 or 3$"):
-        split_values({"weight_decay": [0, 1]}, 3, spell=flag)
-    with pytest.raises(ValueError, match=r"^--seed gives 2 values for one run: give 1 \(or use --runs\)$"):
-        split_values({"seed": [0, 1]}, spell=flag)
-    assert runs_from_values({"lr": [1, 2], "seed": [3, 4]}, 2) == [dict(lr=1, seed=3), dict(lr=2, seed=4)]
-    assert runs_from_values({}, 2) == [{}, {}]
-    assert resolve_runs(2, {"lr": [1, 2], "epochs": 3}) == ([dict(lr=1), dict(lr=2)], {"epochs": 3})
-
-
-class _Stopped:
-    def __init__(self, stopped):
-        self.stopped = stopped
-
-
-@pytest.mark.parametrize(
-    "stops, status",
-    [
-        ([None], 0),
-        (["diverged: step 3"], 1),
-        (["diverged: step 3", "diverged: step 4"], 1),
-        (["diverged: step 3", None], 0),
-        (["no better validation RMSE for 2 epochs (patience 2)"], 0),
-    ],
-)
-def test_the_exit_status_is_1_only_when_every_run_diverged(stops, status):
-    assert exit_status([_Stopped(s) for s in stops]) == status
 
 
 @pytest.mark.safety
@@ -448,18 +415,6 @@ def test_stacked_runs_print_no_pytorch_request_for_an_issue(store_path, capsys):
     assert "Please file us an issue" not in err and "performance drop" not in err
 
 
-def test_pytorchs_vmap_fallback_warning_is_explained_in_fastloads_words():
-    torch_says = (
-        "There is a performance drop because we have not yet implemented the batching rule for "
-        "aten::scatter_.value. Please file us an issue on GitHub so that we can prioritize its "
-        "implementation. (Triggered internally at BatchedFallback.cpp:82.)"
-    )
-    explained = fastload.train.explain_warning(torch_says)
-    assert explained.startswith("stacked runs: PyTorch's vmap has no batched kernel for aten::scatter_.value")
-    assert "file us an issue" not in explained and "not to fastload" in explained
-    assert fastload.train.explain_warning("something else") == "something else"
-
-
 def test_the_command_prints_a_warning_raised_while_training_in_fastloads_words(
     store_path, capsys, monkeypatch
 ):
@@ -493,27 +448,3 @@ def test_epoch_lines_of_a_group_give_img_s_per_run_and_for_all_runs(store_path):
     assert f"{logged[0]['images_per_s']:,.0f} img/s per run ({together:,.0f} all runs)" in line
     alone = fit(store_path, **{**SHARED, "epochs": 1}).history[0]
     assert "images_per_s_all_runs" not in alone and " img/s per run" not in format_epoch(alone)
-
-
-class _Result:
-    """What runs_table reads of a FitResult."""
-
-    def __init__(self, name, task, last):
-        self.name, self.task, self.history = name, task, [last]
-        self.completed, self.stopped, self.steps, self.state_bytes = True, None, 10, 1000
-
-
-def test_runs_table_breaks_ties_by_validation_loss_then_error():
-    classified = [
-        _Result("run0", "classification", {"val_accuracy": 0.5, "val_loss": 1.366}),
-        _Result("run1", "classification", {"val_accuracy": 0.25, "val_loss": 0.9}),
-        _Result("run2", "classification", {"val_accuracy": 0.5, "val_loss": 1.27}),
-    ]
-    rows = runs_table(classified, [{"lr": 1}, {"lr": 2}, {"lr": 3}]).splitlines()[1:]
-    assert [row.split()[0] for row in rows] == ["run2", "run0", "run1"]
-    regressed = [
-        _Result("run0", "regression", {"val_rmse": 0.2, "val_mae": 0.15}),
-        _Result("run1", "regression", {"val_rmse": 0.2, "val_mae": 0.1}),
-    ]
-    rows = runs_table(regressed, [{}, {}]).splitlines()[1:]
-    assert [row.split()[0] for row in rows] == ["run1", "run0"]

@@ -67,6 +67,11 @@ def test_quick_run_reports_every_stage_in_the_json(quick_run, tiny_store):
     # The stages every machine can run did run.
     for name in ("memcpy", "disk", "gather", "dataset", "memmap", "dataloader"):
         assert saved["stages"][name]["status"] == "ok", saved["stages"][name]
+    # DeviceLoader(cpu) beside the same gather and conversion in a plain loop (#43: what the
+    # device stage costs beyond its work).
+    assert {"DeviceLoader(cpu), warm, random", "Store.gather + to_device(cpu), warm, random"} <= set(
+        saved["stages"]["dataset"]["methods"]
+    )
     if importable("PIL"):
         assert saved["stages"]["jpeg"]["status"] == "ok"
     else:
@@ -494,7 +499,7 @@ def test_a_store_on_a_disk_keeps_its_cold_rows(quick_run):
 
 
 def test_the_ram_disk_write_bench_writes_verified_stores_on_both_and_reports_each(ram_disk_folder, tmp_path):
-    script = Path(__file__).parent.parent / "benches" / "bench_ram_disk_write.py"
+    script = Path(__file__).resolve().parents[2] / "benches" / "bench_ram_disk_write.py"
     argv = [sys.executable, str(script), "--mb", "2", "--rounds", "1"]
     done = subprocess.run(
         argv + ["--ram-dir", ram_disk_folder, "--disk-dir", str(tmp_path)],

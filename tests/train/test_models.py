@@ -1,13 +1,16 @@
-"""Tests for the monotone image model fastload.train.models.MonotonicRegressor, built of
-fastload.monotonic's layers: monotone for any parameters and under adversarial training,
-exact with one monotone input, monotone inputs kept out of the backbone, state round trips."""
+"""The image models (fastload.train.models): the monotone MonotonicRegressor, built of
+fastload.monotonic's layers, monotone for any parameters and under adversarial training,
+exact with one monotone input, monotone inputs kept out of the backbone, state round trips;
+the CUDA layout (channels_last convolutions only); a torchvision backbone without torchvision."""
 
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 import torch
+import train_helpers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from monotone_helpers import (
@@ -18,9 +21,14 @@ from monotone_helpers import (
     tolerance,
 )
 from torch import nn
+from train_helpers import FAST, SIDE
 
+import fastload
 from fastload.monotonic import Lattice, LatticeEnsemble, MonotoneLinear, check_monotone
-from fastload.train.models import MonotonicClassifier, MonotonicRegressor
+from fastload.train import fit
+from fastload.train.models import MonotonicClassifier, MonotonicRegressor, channels_last_convolutions
+
+store_path = train_helpers.store_path  # the 200-record store of tests/train_helpers.py, as a module fixture
 
 
 @settings(max_examples=10, deadline=None)
@@ -199,3 +207,28 @@ def test_regressor_wrong_inputs_raise_value_error():
         MonotonicRegressor(nn.Flatten(), num_features=2)(images)
     with pytest.raises(ValueError, match="monotone_inputs"):
         check_monotone(model, images, torch.rand(4))
+
+
+@pytest.mark.parametrize(
+    "model", [MonotonicRegressor(), MonotonicClassifier(3)], ids=["regressor", "classifier"]
+)
+def test_the_cuda_layout_reorders_the_convolutions_only(model):
+    # On CUDA the trainer stores its model channels_last. model.to(memory_format=channels_last)
+    # refused the default model's 5-d lattice vertices (4 x 3 x 3 x 3 x 3), so every CUDA run,
+    # `fastload train --runs 4 --device cuda` included, failed before its first step (#25).
+    model.eval()
+    x = torch.rand(4, 3, SIDE, SIDE)
+    before = model(x)
+    assert channels_last_convolutions(model) is model
+    convolutions = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convolutions and all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
+    others = [p for p in model.parameters() if all(p is not w for w in convolutions)]
+    assert any(p.dim() == 5 for p in others) and all(p.is_contiguous() for p in others)
+    torch.testing.assert_close(model(x), before)
+
+
+def test_resnet18_without_torchvision_says_how_to_get_it(store_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    monkeypatch.setitem(sys.modules, "torchvision.models", None)
+    with pytest.raises(fastload.MissingDependencyError, match="needs torchvision.*pip install torchvision"):
+        fit(store_path, backbone="resnet18", **FAST)

@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-import test_train
 import torch
+import train_helpers
 from monotone_helpers import step_piece
-from test_train import COUNT, FAST, SIDE, images_and_labels, parameter_copies
+from train_helpers import COUNT, FAST, SIDE, images_and_labels, parameter_copies
 
 from fastload import cli
 from fastload.augment import Augment
@@ -26,7 +26,7 @@ from fastload.train.checkpoint import load_checkpoint
 from fastload.train.data import DataStream, open_data
 from fastload.train.models import NUM_KEYPOINTS
 
-store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
+store_path = train_helpers.store_path  # the 200-record store of tests/train_helpers.py, as a fixture here
 
 
 # 81 training records in batches of 8 leave one record over, and 8x8 images leave the small CNN's

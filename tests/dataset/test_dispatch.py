@@ -1,8 +1,8 @@
 """What `fastload.dataset.dispatch` assumes of Hugging Face Accelerate, pinned against the
-installed release (CI installs the newest and, on Python 3.9, an older one: pyproject.toml's
-test extra): the loader classes it recognises by name, the `dataset` attribute they hold, and
-that `len()`, `set_epoch` and `iter()` reach the dataset from them within the caller frames it
-reads (CALLER_DEPTH). A refactor of Accelerate that breaks one fails here, naming it, before
+installed release (`.ci/run` runs it with the newest and with the oldest that pyproject.toml's
+test extra accepts, accelerate 1.0.0): the loader classes it recognises by name, the `dataset`
+attribute they hold, and that `len()`, `set_epoch` and `iter()` reach the dataset from them
+within the caller frames it reads (CALLER_DEPTH). A refactor of Accelerate that breaks one fails here, naming it, before
 tests/test_accelerate.py's two-rank runs would show a wrong share."""
 
 import json

@@ -12,9 +12,9 @@ import shutil
 
 import numpy as np
 import pytest
-import test_train
 import torch
-from test_train import FAST, ONE_STEP, SIDE, UNWRITABLE_DIR, digest, images_and_labels, run_cli, train_argv
+import train_helpers
+from train_helpers import FAST, ONE_STEP, SIDE, UNWRITABLE_DIR, digest, images_and_labels, run_cli, train_argv
 
 import fastload.train as train_mod
 from fastload import cli
@@ -23,7 +23,7 @@ from fastload.inspect import machine_memory
 from fastload.store import Store, StoreWriter
 from fastload.train import TrainConfig, fit
 
-store_path = test_train.store_path  # the 200-record store of tests/test_train.py, as a fixture here
+store_path = train_helpers.store_path  # the 200-record store of tests/train_helpers.py, as a fixture here
 
 
 CORES = len(os.sched_getaffinity(0))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_pack import ESCAPED, HOSTILE, classes, cli, image, pack_within, photo_folder
+from pack_helpers import ESCAPED, HOSTILE, classes, cli, image, pack_within, photo_folder
 
 import fastload
 import fastload.inspect
