@@ -333,7 +333,7 @@ def corrupt(path, offset, data):
         (lambda p: os.truncate(p, os.path.getsize(p) - 1), "truncated"),
         (lambda p: corrupt(p, os.path.getsize(p), b"x"), "trailing"),
         (lambda p: corrupt(p, 0, b"NOTASTOR"), "magic"),
-        (lambda p: corrupt(p, 8, struct.pack("<I", 2)), "version 2"),
+        (lambda p: corrupt(p, 8, struct.pack("<I", 3)), "version 3"),
         (lambda p: corrupt(p, 16, struct.pack("<Q", 7)), "checksum"),
         (lambda p: p.write_bytes(os.urandom(10000)), "magic"),
     ],

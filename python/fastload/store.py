@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastload import _core
-from fastload._checks import PathLike, fspath, is_int
+from fastload._checks import PathLike, fspath, int_in_range, is_int
 from fastload._core import StoreError, __version__
 
 LABEL_DTYPES = ("float64", "int64")
@@ -23,6 +23,13 @@ NO_LABELS = "none"
 INT64_MAX = np.iinfo(np.int64).max
 # Damaged records `verify` lists by default: enough to act on, bounded whatever the damage.
 VERIFY_LIMIT = 1000
+#: How a store's records can be stored: raw uint8 pixels, or JPEG-encoded (`StoreWriter(encoding=)`).
+ENCODINGS = ("raw", "jpeg")
+#: JPEG quality when a writer encodes and none is given.
+DEFAULT_QUALITY = 90
+# Metadata bytes a writer that encodes keeps room for beyond the metadata it was given: the
+# "encoding" figures added at commit.
+ENCODING_META_BYTES = 512
 
 
 class DamagedRecords(list):
@@ -86,6 +93,10 @@ class Store:
     Every view it returns (`images`, `labels`, `store[i]`) points into the mapping
     without copying and keeps the mapping alive on its own, so views stay valid after
     `close()`. Views are read-only: writing to them raises instead of crashing.
+
+    A store whose records are encoded (`compressed`, format 2) has no array of every image:
+    `store[i]` and `gather` decode records (in Rust threads, into the batch), `images` is
+    refused, and `stored(i)` hands out a record's bytes as stored.
     """
 
     def __init__(self, path: PathLike):
@@ -97,6 +108,12 @@ class Store:
         # (device, inode, length, modification time in ns) of the file as opened: equal for two
         # opens of one file, different once it was replaced or rewritten.
         self.identity: Tuple[int, int, int, int] = tuple(self._core.identity)
+        #: False for a store of raw records at a fixed stride (format 1), True for one with a
+        #: record table (format 2: records JPEG-encoded, or some raw under a size budget).
+        self.compressed: bool = not self._core.fixed_stride
+        raw, jpeg = self._core.encodings
+        #: How many records are stored each way: {"raw": n, "jpeg": n}.
+        self.encodings: Dict[str, int] = {"raw": raw, "jpeg": jpeg}
         self._meta: Optional[dict] = None
         self._images: Optional[np.ndarray] = None
         self._labels: Optional[np.ndarray] = None
@@ -107,7 +124,8 @@ class Store:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self._len} records"
         h, w, c = self.shape
-        return f"Store({str(self.path)!r}, {state}, {h}x{w}x{c} uint8, labels {self.label_dtype})"
+        stored = f", {self.encodings['jpeg']} JPEG-encoded" if self.compressed else ""
+        return f"Store({str(self.path)!r}, {state}, {h}x{w}x{c} uint8{stored}, labels {self.label_dtype})"
 
     @property
     def closed(self) -> bool:
@@ -125,8 +143,14 @@ class Store:
 
     @property
     def stride(self) -> int:
-        """Bytes from one record's image to the next (the image size, padded to 64 bytes or not)."""
+        """Bytes from one record's image to the next (the image size, padded to 64 bytes or not)
+        in a store of raw records; in a compressed one, the room one decoded record takes."""
         return self._core.stride
+
+    @property
+    def version(self) -> int:
+        """The format version of the file (docs/FORMAT.md): 1, or 2 with a record table."""
+        return self._core.version
 
     @property
     def images_offset(self) -> int:
@@ -155,7 +179,14 @@ class Store:
 
     @property
     def images(self) -> np.ndarray:
-        """All images as one N×H×W×C read-only uint8 view of the mapping."""
+        """All images as one N×H×W×C read-only uint8 view of the mapping (a store of raw
+        records only: a compressed store's records must be decoded, and ValueError says so)."""
+        if self.compressed:
+            raise ValueError(
+                f"{self.path}: its records are stored compressed ({self.encodings['jpeg']} of "
+                f"{self._len} as JPEG), so there is no zero-copy array of every image; read them "
+                "with store[i] or store.gather(indices), which decode them"
+            )
         if self._images is None:
             stride = self._core.stride
             raw = np.frombuffer(self._core.image_bytes(), dtype=np.uint8)
@@ -174,13 +205,28 @@ class Store:
         return self._labels
 
     def __getitem__(self, index: int):
-        """(image view H×W×C, label) of one record; negative indices count from the end."""
+        """(image H×W×C, label) of one record; negative indices count from the end. The image
+        is a view of the mapping, or in a compressed store the record decoded (a new array)."""
         if not is_int(index):
             raise TypeError(f"store indices must be integers, not {type(index).__name__}")
         if not -INT64_MAX - 1 <= int(index) <= INT64_MAX:
             raise IndexError(f"index {index} is out of range for a store of {self._len} records")
         i = self._core.resolve(int(index))
+        if self.compressed:
+            images, labels = self.gather([i])
+            return images[0], labels[0]
         return self.images[i], self.labels[i]
+
+    def stored(self, index: int) -> Tuple[str, np.ndarray]:
+        """Record `index` as the file stores it: its encoding ("raw" or "jpeg") and a read-only
+        uint8 view of its bytes (a JPEG for an encoded record), for a decoder of one's own,
+        such as the GPU's."""
+        if not is_int(index):
+            raise TypeError(f"store indices must be integers, not {type(index).__name__}")
+        if not -INT64_MAX - 1 <= int(index) <= INT64_MAX:
+            raise IndexError(f"index {index} is out of range for a store of {self._len} records")
+        encoding, data = self._core.stored(int(index))
+        return encoding, data
 
     def __iter__(self):
         for i in range(self._len):
@@ -242,14 +288,17 @@ class Store:
         digest.update(self._core.checksum_bytes())
         return digest.hexdigest()
 
-    def verify(self, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecords:
+    def verify(self, limit: Optional[int] = VERIFY_LIMIT, decode: bool = False) -> DamagedRecords:
         """Record numbers whose bytes no longer match their checksum (empty when intact):
         the first `limit` of them (None: all), with `.total` counting every one. Memory is
-        bounded by `limit`, not by the store's size."""
+        bounded by `limit`, not by the store's size. With `decode=True`, every encoded record
+        is also decoded, and one that does not decode cleanly counts as damaged."""
         if limit is not None and (not is_int(limit) or limit < 0):
             raise ValueError(f"limit must be a non-negative integer or None, not {limit!r}")
+        if not isinstance(decode, bool):
+            raise TypeError(f"decode must be True or False, not {decode!r}")
         # A limit above the record count lists them all (and 10**26 fits no machine word).
-        first, total = self._core.verify(None if limit is None else min(int(limit), len(self)))
+        first, total = self._core.verify(None if limit is None else min(int(limit), len(self)), decode)
         return DamagedRecords(first, total)
 
     def resident_bytes(self) -> Tuple[int, int]:
@@ -341,7 +390,15 @@ class StoreWriter:
     replaces the file it points to and keeps the link; a link to nothing is refused. Metadata is checked here, not at commit: it must be JSON a
     reader accepts (no NaN or infinity, no lone surrogates, at most MAX_META_LEN bytes,
     MAX_META_VALUES elements and MAX_META_DEPTH levels), and a `class_names` list must give
-    each class a name of its own."""
+    each class a name of its own.
+
+    `encoding="jpeg"` stores each record (1 or 3 channels) as a baseline JPEG of `quality`
+    (1-100), decoded again on every read: a store about a tenth of the raw size at quality 90
+    (format 2). A record whose JPEG is not shorter stays raw. `max_size` (bytes) bounds the
+    whole file instead: as many records stay raw as fit, drawn with `seed` so they spread
+    evenly over the store, and the rest are encoded; it needs `expected_count`, the number of
+    records that will be written, and a store that cannot fit fails at commit, leaving
+    nothing. `encode_stats` says what encoding did; the metadata records it as "encoding"."""
 
     def __init__(
         self,
@@ -350,6 +407,11 @@ class StoreWriter:
         label_dtype: str = "float64",
         meta: Optional[dict] = None,
         overwrite: bool = False,
+        encoding: str = "raw",
+        quality: int = DEFAULT_QUALITY,
+        max_size: Optional[int] = None,
+        expected_count: Optional[int] = None,
+        seed: int = 0,
     ):
         path = fspath(path)
         shape = tuple(shape)
@@ -363,12 +425,37 @@ class StoreWriter:
             raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
         if meta is not None and not isinstance(meta, dict):
             raise TypeError(f"meta must be a dict, not {type(meta).__name__}")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
+        if not (is_int(quality) and 1 <= quality <= 100):
+            raise ValueError(f"quality must be an integer from 1 to 100, not {quality!r}")
+        int_in_range(seed, "seed", 0)
+        if max_size is not None:
+            int_in_range(max_size, "max_size", 1)
+            if encoding != "jpeg":
+                raise ValueError("max_size bounds a store that encodes records: give encoding='jpeg'")
+            if expected_count is None:
+                raise ValueError("max_size needs expected_count, the number of records that will be written")
+        if expected_count is not None:
+            int_in_range(expected_count, "expected_count", 0)
         self.meta = dict(meta or {})
-        self._meta_json()  # fail now, not at commit after every record is written
+        meta_bytes = len(self._meta_json().encode("utf-8"))  # fails now, not at commit
         self.path = Path(path)
         self.shape = tuple(int(s) for s in shape)
         self.label_dtype = np.dtype(str(label_dtype))
-        self._core = _core.StoreWriter(path, self.shape, str(label_dtype), bool(overwrite))
+        self.encoding = encoding
+        self.quality = int(quality) if encoding == "jpeg" else None
+        self._core = _core.StoreWriter(
+            path,
+            self.shape,
+            str(label_dtype),
+            bool(overwrite),
+            self.quality,
+            None if max_size is None else int(max_size),
+            int(expected_count or 0),
+            meta_bytes + ENCODING_META_BYTES,
+            int(seed),
+        )
 
     def __len__(self) -> int:
         return len(self._core)
@@ -417,6 +504,13 @@ class StoreWriter:
             raise ValueError(f"{len(img)} images but labels of shape {lab.shape}")
         self._core.append_many(img.reshape(-1), lab.view(np.uint8))
 
+    def encode_stats(self) -> Optional[Dict[str, Any]]:
+        """What encoding did so far (None for a raw store): records stored `encoded`, kept raw
+        because the JPEG was not shorter (`raw_not_shorter`) or because the budget had room
+        (`raw_by_budget`), the JPEG bytes, and the PSNR in dB of the encoded records against
+        their raw pixels (`psnr_mean`, `psnr_min`; 100 for an exact one)."""
+        return self._core.encode_stats()
+
     def _meta_json(self) -> str:
         """The metadata as stored, with the writer's keys; ValueError naming what a reader would refuse."""
         meta = {
@@ -424,6 +518,9 @@ class StoreWriter:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **self.meta,
         }
+        stats = self.encode_stats() if hasattr(self, "_core") else None
+        if stats is not None:
+            meta["encoding"] = {"format": "jpeg", "quality": self.quality, **stats}
         names = meta.get("class_names")
         shared = shared_class_names(names) if isinstance(names, (list, tuple)) else []
         if shared:
@@ -466,4 +563,4 @@ class StoreWriter:
             self.discard()
 
 
-__all__ = ["Store", "StoreWriter", "StoreError", "DamagedRecords", "VERIFY_LIMIT"]
+__all__ = ["Store", "StoreWriter", "StoreError", "DamagedRecords", "VERIFY_LIMIT", "ENCODINGS"]

@@ -6,7 +6,10 @@ use numpy::PyReadonlyArrayDyn;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use pyo3::types::PyDict;
+
 use super::{contiguous, to_py};
+use crate::encoded::{EncodeOptions, SizeBudget};
 use crate::format::{meta_shape, LabelDtype};
 use crate::writer::StoreWriter;
 
@@ -36,19 +39,42 @@ fn finished() -> PyErr {
 
 #[pymethods]
 impl CoreWriter {
+    /// A raw store (format v1), or with `quality` one whose records are JPEG-encoded (v2),
+    /// within `max_file_bytes` when given (`expected_count` records, about `meta_bytes` of
+    /// metadata, raw records drawn with `seed`).
     #[new]
+    #[pyo3(signature = (path, shape, label_dtype, overwrite, quality=None, max_file_bytes=None, expected_count=0, meta_bytes=0, seed=0))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         path: std::path::PathBuf,
         shape: (u32, u32, u32),
         label_dtype: &str,
         overwrite: bool,
+        quality: Option<u8>,
+        max_file_bytes: Option<u64>,
+        expected_count: u64,
+        meta_bytes: u64,
+        seed: u64,
     ) -> PyResult<Self> {
         let dtype = LabelDtype::from_name(label_dtype).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "label_dtype must be 'float64' or 'int64', not {label_dtype:?}"
             ))
         })?;
-        let writer = StoreWriter::create(path, shape, dtype, overwrite).map_err(to_py)?;
+        let writer = match quality {
+            None => StoreWriter::create(path, shape, dtype, overwrite),
+            Some(quality) => {
+                let budget = max_file_bytes.map(|max_file_bytes| SizeBudget {
+                    max_file_bytes,
+                    expected_count,
+                    meta_bytes,
+                    seed,
+                });
+                let options = EncodeOptions { quality, budget };
+                StoreWriter::create_encoded(path, shape, dtype, overwrite, options)
+            }
+        }
+        .map_err(to_py)?;
         Ok(CoreWriter {
             inner: Mutex::new(Some(writer)),
         })
@@ -75,6 +101,22 @@ impl CoreWriter {
         let writer = guard.as_mut().ok_or_else(finished)?;
         py.detach(|| writer.append_many(images, labels))
             .map_err(to_py)
+    }
+
+    /// What encoding did so far (None for a raw store): counts, bytes and PSNR in dB.
+    fn encode_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(stats) = guard.as_ref().ok_or_else(finished)?.encode_stats() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("encoded", stats.encoded)?;
+        d.set_item("raw_not_shorter", stats.raw_not_shorter)?;
+        d.set_item("raw_by_budget", stats.raw_by_budget)?;
+        d.set_item("encoded_bytes", stats.encoded_bytes)?;
+        d.set_item("psnr_mean", stats.psnr_mean())?;
+        d.set_item("psnr_min", stats.psnr_min)?;
+        Ok(Some(d))
     }
 
     /// Writes the tail sections and header, fsyncs, and moves the store into place.
