@@ -42,6 +42,45 @@ def int_in_range(value: Any, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+#: Units a size may be given in (`byte_size`): decimal as disks are sold, binary as RAM is.
+SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def byte_size(value: Any, name: str) -> int:
+    """``value`` as a positive number of bytes: an int, or a text such as "150GB", "2.5 GiB" or
+    "800000" (units in `SIZE_UNITS`, any case); a ValueError naming ``name`` otherwise."""
+    if is_int(value) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        text = value.strip().upper().replace(" ", "")
+        digits = text.rstrip("KMGTIB")
+        number, unit = _float_or_none(digits), text[len(digits) :]
+    else:
+        number, unit = None, ""
+    if number is None or unit not in SIZE_UNITS or not 1 <= number * SIZE_UNITS[unit] < INT_STATE_LIMIT:
+        raise ValueError(f"{name} must be a size such as 150GB, 2.5GiB or a number of bytes, not {value!r}")
+    return int(number * SIZE_UNITS[unit])
+
+
+def _float_or_none(text: str):
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
 def import_optional(module: str, needed_for: str, install: str) -> ModuleType:
     """Imports an optional dependency, or raises MissingDependencyError saying what needs it and
     the command that installs it (e.g. ``pip install matplotlib``)."""

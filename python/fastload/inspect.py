@@ -210,7 +210,13 @@ def _gpu_plan(store: Store) -> Optional[dict]:
     if not torch.cuda.is_available():
         return None
     device = torch.device("cuda", torch.cuda.current_device())
-    plan = device_plan(len(store), store.image_nbytes + store.label_dtype.itemsize, device)
+    # A compressed store is held as stored: its records' mean size, rounded up.
+    record_bytes = (
+        -(-store.file_size // max(len(store), 1))
+        if store.compressed
+        else store.image_nbytes + store.label_dtype.itemsize
+    )
+    plan = device_plan(len(store), record_bytes, device)
     return {"name": torch.cuda.get_device_name(device), **plan}
 
 
@@ -283,16 +289,38 @@ def info(path: PathLike) -> dict:
             "resident_bytes": resident,
             "storage": where,
             "memory": memory_plan(len(store), store.shape, store_in_ram=where["in_ram"]),
+            "encoding": _encoding_summary(store, size),
             "gpu": _gpu_plan(store),
             "meta": {k: v for k, v in store.meta.items() if k not in ("sources", "skipped")},
         }
 
 
-def verify(path: PathLike, limit: Optional[int] = VERIFY_LIMIT) -> DamagedRecords:
+def _encoding_summary(store: Store, file_bytes: int) -> Optional[dict]:
+    """How a compressed store's records are stored (None for a raw one): the counts each way,
+    how many times smaller the file is than the same records raw, the quality and PSNR its
+    writer recorded, and how many such records fit in this machine's RAM as stored."""
+    if not store.compressed:
+        return None
+    count = len(store)
+    raw_bytes = count * (store.image_nbytes + 8)
+    per_record = file_bytes / max(count, 1)
+    recorded = store.meta.get("encoding")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    return {
+        **store.encodings,
+        "ratio": raw_bytes / max(file_bytes, 1),
+        "stored_bytes_per_record": per_record,
+        "fit_in_ram_stored": int(machine_memory() // max(per_record, 1)),
+        **{key: recorded.get(key) for key in ("quality", "psnr_mean", "psnr_min")},
+    }
+
+
+def verify(path: PathLike, limit: Optional[int] = VERIFY_LIMIT, decode: bool = False) -> DamagedRecords:
     """Damaged records of a store: (index, source file name or None) of the first `limit`
-    (None: all), with `.total` counting every damaged record."""
+    (None: all), with `.total` counting every damaged record. With `decode`, every encoded
+    record of a compressed store is also decoded (`Store.verify`)."""
     with Store(path) as store:
-        damaged = store.verify(limit)
+        damaged = store.verify(limit, decode=decode)
         sources = _meta_list(store, "sources") if damaged else None
         named = [(i, sources[i] if sources and i < len(sources) else None) for i in damaged]
         return DamagedRecords(named, damaged.total)

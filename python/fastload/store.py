@@ -276,6 +276,14 @@ class Store:
             raise ValueError("out must be writable")
         self._core.copy_in_order(int(first), int(count), out.reshape(-1))
 
+    def read_serially(self, indices: Any, out: np.ndarray) -> None:
+        """Reads the records at `indices` one after another on the calling thread, GIL
+        released, into the uint8 array `out` (one image each; decoded when encoded): one
+        thread's rate, which `fastload bench` sets `gather`'s threads against."""
+        idx = as_indices(indices)
+        images = _as_writable_array(out, "out", np.dtype(np.uint8), (len(idx), *self.shape))
+        self._core.read_serially(idx, images.reshape(-1))
+
     def will_need(self, indices: Any) -> None:
         """Asks the kernel to start reading these records into the page cache."""
         self._core.will_need(as_indices(indices))

@@ -214,6 +214,36 @@ impl CoreStore {
             .map_err(to_py)
     }
 
+    /// Reads the records at `indices` one after another on the calling thread (no pool), GIL
+    /// released, into `images` (N × image bytes): one thread's rate, which the bench sets
+    /// gather's threads against (for JPEG records, libjpeg-turbo's one-thread decode rate).
+    fn read_serially(
+        &self,
+        py: Python<'_>,
+        indices: PyReadonlyArray1<'_, i64>,
+        mut images: PyReadwriteArrayDyn<'_, u8>,
+    ) -> PyResult<()> {
+        let store = self.store()?;
+        let indices = contiguous(&indices, "indices")?;
+        let images = contiguous_mut(&mut images, "images")?;
+        let image_len = store.header().image_len();
+        if images.len() != indices.len() * image_len {
+            return Err(PyValueError::new_err(format!(
+                "images holds {} bytes, not {} records of {image_len}",
+                images.len(),
+                indices.len()
+            )));
+        }
+        py.detach(|| {
+            let records = resolve_indices(&store, indices)?;
+            for (slot, &r) in images.chunks_exact_mut(image_len.max(1)).zip(&records) {
+                store.read_into(r, slot)?;
+            }
+            Ok(())
+        })
+        .map_err(to_py)
+    }
+
     /// Hints the kernel to read these records ahead (madvise WILLNEED); out-of-range indices raise.
     fn will_need(&self, py: Python<'_>, indices: PyReadonlyArray1<'_, i64>) -> PyResult<()> {
         let store = self.store()?;

@@ -5,6 +5,7 @@ LitData and MosaicML streaming."""
 from __future__ import annotations
 
 import functools
+import io
 import multiprocessing
 import os
 import warnings
@@ -18,6 +19,13 @@ from fastload.bench.measure import INSTALL_EXTRA, Context, Figure, Skip
 from fastload.store import Store
 
 
+def no_image_array(ctx: Context) -> None:
+    """Skips a stage that reads the image section as an array of images, which a compressed
+    store does not hold."""
+    if ctx.compressed:
+        raise Skip("the store's records are compressed: there is no array of images to read this way")
+
+
 def map_image_section(path: str, offset: int, count: int, stride: int) -> np.memmap:
     """The store's image section (from `offset`, after the header) as a plain N × stride
     np.memmap, the way a user without fastload maps a raw array file."""
@@ -27,6 +35,7 @@ def map_image_section(path: str, offset: int, count: int, stride: int) -> np.mem
 def bench_memmap(ctx: Context) -> List[Figure]:
     """np.memmap fancy indexing of shuffled batches (a new array per batch, as users write it),
     the mapping kept across runs like fastload's warm runs."""
+    no_image_array(ctx)
     batches = ctx.batches(ctx.order())
     # unmapped with the trial, when the warm figures are done
     mapped = map_image_section(ctx.path, ctx.images_offset, ctx.count, ctx.stride)
@@ -61,6 +70,29 @@ class MemmapRecords:
         return np.array(self._images[i, :nbytes]).reshape(self.shape), self.labels[i]
 
 
+class JpegBytes:
+    """JPEGs held in memory, each decoded with Pillow per item to a uint8 tensor: a Dataset a
+    user writes over compressed records without fastload."""
+
+    def __init__(self, jpegs: List[bytes], mode: str):
+        self.jpegs, self.mode = jpegs, mode
+
+    def __len__(self) -> int:
+        return len(self.jpegs)
+
+    def __getitem__(self, i: int):
+        return torch.from_numpy(decode_with_pillow(self.jpegs[i], self.mode).copy()), 0
+
+
+def decode_with_pillow(jpeg: bytes, mode: str) -> np.ndarray:
+    """One JPEG decoded by Pillow (libjpeg-turbo) to an H×W×C uint8 array."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(jpeg)) as im:
+        pixels = np.asarray(im.convert(mode))
+    return pixels.reshape(pixels.shape[0], pixels.shape[1], -1)
+
+
 class JpegFolder:
     """An ImageFolder-style dataset: decode one JPEG with Pillow per item, to a uint8 tensor."""
 
@@ -91,7 +123,7 @@ def _loader_epoch(ctx: Context, loader, images_of=lambda batch: batch[0]) -> Cal
     return epoch
 
 
-def _dataloader_epoch(ctx: Context, data) -> Callable[[], Tuple[float, int]]:
+def dataloader_epoch(ctx: Context, data) -> Callable[[], Tuple[float, int]]:
     from torch.utils.data import DataLoader
 
     loader = DataLoader(data, batch_size=ctx.batch_size, shuffle=True, num_workers=2, pin_memory=ctx.cuda)
@@ -112,6 +144,7 @@ def _record_chunks(ctx: Context, count: int, chunk: int = 256):
 
 def bench_dataloader(ctx: Context) -> List[Figure]:
     """The np.memmap Dataset in a torch DataLoader (2 workers, default collate) recipe."""
+    no_image_array(ctx)
     count = _loader_records(ctx)
     with Store(ctx.path) as store:
         data = MemmapRecords(store, ctx.labels[:count])
@@ -121,7 +154,7 @@ def bench_dataloader(ctx: Context) -> List[Figure]:
             "dataloader",
             "np.memmap Dataset + DataLoader, warm",
             "baseline",
-            _dataloader_epoch(ctx, data),
+            dataloader_epoch(ctx, data),
             note,
         )
     ]
@@ -162,7 +195,7 @@ def bench_jpeg(ctx: Context) -> List[Figure]:
         "jpeg",
         "JPEG folder + Pillow + DataLoader",
         "baseline",
-        _dataloader_epoch(ctx, JpegFolder(files, mode)),
+        dataloader_epoch(ctx, JpegFolder(files, mode)),
         note,
     )
     figure.extra["jpeg_bytes_mean"] = mean_kb * 1024

@@ -125,6 +125,9 @@ class Context:
     cuda: bool
     resources: ExitStack
     storage: Dict[str, Any] = field(default_factory=lambda: {"in_ram": False})
+    #: The store's records are encoded (format 2): every read decodes, and the stages that
+    #: read the image section as an array of images (np.memmap, the copy limit) do not apply.
+    compressed: bool = False
 
     @classmethod
     def for_store(
@@ -147,6 +150,7 @@ class Context:
             cuda=cuda,
             resources=ExitStack(),
             storage=storage(store.path),
+            compressed=store.compressed,
         )
 
     @property

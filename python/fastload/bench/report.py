@@ -27,6 +27,13 @@ def _reference(rows: List[dict], *methods: str) -> Optional[dict]:
 
 
 FASTLOAD_REFERENCE = ("FastLoadDataset, warm, random", "Store.gather, warm, random")
+#: The decode stage's rows: fastload's gather of JPEG records, one thread's libjpeg-turbo, and
+#: the DataLoader a user writes.
+DECODE_GATHER, DECODE_ONE_THREAD, DECODE_DATALOADER = (
+    "Store.gather, JPEG records",
+    "libjpeg-turbo, 1 thread",
+    "JPEG bytes + Pillow + DataLoader",
+)
 
 
 # A loader whose per-round ratio to the copy limit stays above 1 in every round, and above this
@@ -133,7 +140,7 @@ def targets(rows: List[dict], measured_bytes: int) -> List[dict]:
         ("fastload >= 4x the np.memmap DataLoader recipe", 4.0, _reference(rows, "np.memmap Dataset")),
         ("fastload >= 1.5x np.memmap fancy indexing", 1.5, _reference(rows, "np.memmap fancy")),
     ]
-    targets = []
+    targets = _decode_targets(rows, measured_bytes)
     for name, goal, other in checks:
         if ref is None or other is None:
             continue
@@ -150,6 +157,69 @@ def targets(rows: List[dict], measured_bytes: int) -> List[dict]:
             }
         )
     return targets
+
+
+def _decode_targets(rows: List[dict], measured_bytes: int) -> List[dict]:
+    """The compressed gather's targets: at least 90% of gather's threads times libjpeg-turbo's
+    one-thread rate on the same bytes, and 1.5x the Pillow DataLoader of 2 workers; judged, as
+    the others, on a run over at least TARGET_MIN_BYTES (a quick run's few small batches
+    measure the start of each epoch, not the decoding)."""
+    decoding = _reference(rows, DECODE_GATHER)
+    if decoding is None:
+        return []
+    threads = decoding.get("decode_threads", 1)
+    checks = [
+        (
+            f"compressed gather >= 90% of {threads} threads x one-thread libjpeg-turbo",
+            0.9,
+            threads,
+            _reference(rows, DECODE_ONE_THREAD),
+        ),
+        (
+            "compressed gather >= 1.5x DataLoader(num_workers=2) + Pillow",
+            1.5,
+            1,
+            _reference(rows, DECODE_DATALOADER),
+        ),
+    ]
+    found = []
+    for name, goal, times, other in checks:
+        if other is None:
+            continue
+        ratio = decoding["images_per_s"] / (times * other["images_per_s"])
+        paired = _paired_ratio(decoding, other)
+        found.append(
+            {
+                "target": name,
+                "fastload": decoding["method"],
+                "against": other["method"] + (f" x {times}" if times > 1 else ""),
+                "ratio": ratio,
+                "paired_ratio": None if paired is None else paired / times,
+                "met": ratio >= goal,
+                "judged": measured_bytes >= TARGET_MIN_BYTES,
+            }
+        )
+    return found
+
+
+def _decode_part(rows: List[dict]) -> Optional[Tuple[str, dict]]:
+    """The verdict's sentence on decoding compressed records, and its row; None unmeasured."""
+    decoding = _reference(rows, DECODE_GATHER)
+    if decoding is None:
+        return None
+    threads = decoding.get("decode_threads", 1)
+    one = _reference(rows, DECODE_ONE_THREAD)
+    share = (
+        f", {100 * decoding['images_per_s'] / (threads * one['images_per_s']):.0f}% of {threads} threads x "
+        f"libjpeg-turbo's one-thread {_rate(one)}"
+        if one
+        else ""
+    )
+    return (
+        f"compressed (JPEG) records decode at {_rate(decoding)} "
+        f"({decoding['images_per_s'] / threads:,.0f} img/s per thread){share}",
+        decoding,
+    )
 
 
 def _rate(row: Optional[dict]) -> str:
@@ -170,6 +240,9 @@ def verdict(
     copy limit may both have read from the cache."""
     loader = _reference(rows, *FASTLOAD_REFERENCE)
     if loader is None:
+        decode = _decode_part(rows)
+        if decode is not None:
+            return decode[0] + "."
         return "no fastload stage ran: nothing to compare the limits with"
     prefix = ""
     if measured_bytes is not None and cache_bytes and measured_bytes <= CACHE_FACTOR * cache_bytes:
@@ -210,6 +283,11 @@ def verdict(
         parts.append("no GPU here, so the host-to-device link was not measured")
     if end_to_end:
         parts.append(f"end to end, normalized float32 batches reach the GPU at {_rate(end_to_end)}")
+    decode = _decode_part(rows)
+    if decode is not None:
+        parts.append(decode[0])
+        if decode[1].get("judges_this_store"):  # the store is compressed: every read decodes
+            path.append(("decoding JPEG records", decode[1]))
     if plan.get("store_in_ram"):
         parts.append("the store is on a RAM disk, so no disk is in the path and no epoch is cold")
     if cold and disk:

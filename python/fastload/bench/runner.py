@@ -37,6 +37,7 @@ from fastload.bench.report import (
 )
 from fastload.bench.stages import (
     bench_dataset,
+    bench_decode,
     bench_disk,
     bench_gather,
     bench_h2d,
@@ -60,6 +61,7 @@ BENCHES: Dict[str, Callable[[Context], List[Figure]]] = {
     "dataset": bench_dataset,
     "to_device": bench_to_device,
     "resident": bench_resident,
+    "decode": bench_decode,
     "memmap": bench_memmap,
     "dataloader": bench_dataloader,
     "jpeg": bench_jpeg,

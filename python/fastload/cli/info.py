@@ -76,6 +76,18 @@ def summary_lines(summary: dict) -> List[str]:
         )
         if where["filesystem"] is not None:
             lines.append(f"lives on   {where['filesystem']} ({where['source']} at {where['mount_point']})")
+    encoding = summary.get("encoding")
+    if encoding is not None:
+        cost = (
+            f", quality {encoding['quality']}: PSNR mean {encoding['psnr_mean']:.1f} dB, worst {encoding['psnr_min']:.1f} dB"
+            if encoding.get("psnr_mean") is not None
+            else ""
+        )
+        lines.append(
+            f"encoding   {encoding['jpeg']:,} records JPEG, {encoding['raw']:,} raw{cost}; "
+            f"{encoding['ratio']:.1f}x smaller than raw, {encoding['stored_bytes_per_record'] / 1e3:,.1f} KB "
+            f"a record on average: this machine's RAM holds {encoding['fit_in_ram_stored']:,} such records"
+        )
     lines.append(
         f"as tensors uint8 {gigabytes(mem['uint8_bytes'])} vs cached float32 {gigabytes(mem['float32_bytes'])}; "
         + inspect.memory_plan_line(mem)
