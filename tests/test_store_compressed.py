@@ -250,3 +250,12 @@ def test_pack_encodes_reports_psnr_and_info_and_verify_say_so(tmp_path):
     assert not (tmp_path / "x.fastload").exists()
     bad = fastload("pack", src, tmp_path / "y.fastload", "--max-size", "lots")
     assert bad.returncode == 1 and "max_size must be a size such as 150GB" in bad.stderr
+
+
+def test_fit_trains_from_a_compressed_store(compressed):
+    from fastload.train import fit
+
+    path, _ = compressed
+    result = fit(path, epochs=1, batch_size=8, seed=0)
+    assert result.completed and result.steps == -(-(40 - len(result.val_indices)) // 8)
+    assert np.isfinite(result.history[-1]["train_loss"])
