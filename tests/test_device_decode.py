@@ -12,6 +12,7 @@ its IDCT and chroma upsampling its own way, so CUDA_TOLERANCE is wider, and unme
 GPU run prints its figures (`test_on_cuda_nvjpeg_is_within_its_tolerance`)."""
 
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -125,7 +126,8 @@ def test_torchvision_decodes_as_fastload_does(tmp_path, quality):
     assert store.encodings == {"raw": 0, "jpeg": 8}
     for i in range(len(store)):
         _, data = store.stored(i)
-        with pytest.warns(DeprecationWarning):  # torchvision 0.29 announces TorchCodec
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.29 announces TorchCodec
             theirs = decode_jpeg(torch.from_numpy(data.copy())).permute(1, 2, 0)
         assert differences(theirs, torch.from_numpy(store[i][0])) <= CPU_TOLERANCE
 
