@@ -12,6 +12,7 @@ its IDCT and chroma upsampling its own way, so CUDA_TOLERANCE is wider, and unme
 GPU run prints its figures (`test_on_cuda_nvjpeg_is_within_its_tolerance`)."""
 
 import sys
+import types
 import warnings
 
 import numpy as np
@@ -280,6 +281,42 @@ def test_without_torchvision_the_error_names_the_install(jpeg_path, monkeypatch)
         MissingDependencyError, match=r"decode='device' needs torchvision.*pip install torchvision"
     ):
         DeviceLoader(FastLoadDataset(jpeg_path, 8), "cpu", decode="device")
+
+
+def stand_in_torchvision(monkeypatch, decode):
+    """A torchvision.io whose decode_jpeg is `decode`: the decoder's failures, with or without
+    torchvision."""
+    module = types.ModuleType("torchvision.io")
+    module.ImageReadMode = types.SimpleNamespace(GRAY="GRAY", RGB="RGB")
+    module.decode_jpeg = decode
+    monkeypatch.setitem(sys.modules, "torchvision.io", module)
+
+
+def test_a_record_decoding_to_another_size_or_failing_is_named(jpeg_path, monkeypatch):
+    def wrong_size(inputs, mode, device):
+        return [torch.zeros((3, 2, 2), dtype=torch.uint8) for _ in inputs]
+
+    stand_in_torchvision(monkeypatch, wrong_size)
+    loader = DeviceLoader(
+        FastLoadDataset(jpeg_path, 8, order="sequential", shuffle=False), "cpu", decode="device"
+    )
+    with pytest.raises(
+        ValueError, match=r"record 0 decodes to 2x2x3, not the store's 24x20x3: the record is damaged"
+    ):
+        next(iter(loader))
+
+    def failing(inputs, mode, device):
+        raise RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support")
+
+    stand_in_torchvision(monkeypatch, failing)
+    loader = DeviceLoader(
+        FastLoadDataset(jpeg_path, 8, order="sequential", shuffle=False), "cpu", decode="device"
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"decode_jpeg on cpu failed on records \[0, 1, 2, 3, 4\]\.\.\.: .*nvJPEG.*decode='host'",
+    ):
+        next(iter(loader))
 
 
 @needs_cuda

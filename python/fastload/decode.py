@@ -15,7 +15,7 @@ synchronizes nvjpeg's stream), so a batch's decode does not overlap the host's n
 from __future__ import annotations
 
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -77,9 +77,10 @@ class DeviceDecoder:
         self.pin = device.type == "cuda"
 
     def read(self, records: np.ndarray) -> Tuple[List[torch.Tensor], np.ndarray]:
-        """The stored bytes of `records`, each a slice of one host tensor (pinned when decoding
-        on CUDA), and whether each is a JPEG: one copy out of the mapping, which also makes
-        them writable (torch takes no read-only memory)."""
+        """The stored bytes of `records`, each a slice of one host tensor, and whether each is a
+        JPEG: one copy out of the mapping, which makes them writable (torch takes no read-only
+        memory) and, decoding on CUDA, pinned, so raw records go from there to the device
+        without a wait or a second copy."""
         stored = [self.store.stored(int(i)) for i in records]
         lengths = [len(view) for _, view in stored]
         data = torch.empty(sum(lengths), dtype=torch.uint8, pin_memory=self.pin)
@@ -93,33 +94,45 @@ class DeviceDecoder:
         return parts, jpeg
 
     def __call__(self, parts: List[torch.Tensor], jpeg: np.ndarray, records: np.ndarray) -> torch.Tensor:
-        """The records whose stored bytes are `parts` (host uint8 tensors; JPEG where `jpeg`) as
-        one uint8 N×H×W×C batch on the device, in their order: raw records copied as they are
-        (one copy for all of them), JPEG ones decoded by one `decode_jpeg` call."""
+        """The records whose stored bytes are `parts` (host uint8 tensors, pinned on CUDA; JPEG
+        where `jpeg`) as one uint8 N×H×W×C batch on the device, in their order: raw records
+        copied into it as they are, JPEG ones decoded by one `decode_jpeg` call (which makes
+        each image C×H×W, in memory of its own) and copied into place. An error of the decoder
+        (a damaged record, a torchvision built without nvjpeg) names the store and the way back
+        to the host decode."""
         h, w, c = self.shape
-        images: List[Optional[torch.Tensor]] = [None] * len(parts)
-        raw = np.flatnonzero(~jpeg).tolist()
-        if raw:
-            host = torch.empty((len(raw), h * w * c), dtype=torch.uint8, pin_memory=self.pin)
-            torch.stack([parts[k] for k in raw], out=host)
-            pixels = host.to(self.device, non_blocking=self.pin).view(len(raw), h, w, c)
-            for k, image in zip(raw, pixels):
-                images[k] = image
-        encoded = np.flatnonzero(jpeg).tolist()
-        if encoded:
+        encoded = np.flatnonzero(jpeg)
+        decoded = None
+        if len(encoded):
             with warnings.catch_warnings():
                 # torchvision 0.29 warns on every call that its image codecs move to TorchCodec:
                 # fastload's choice of decoder, not the user's code to change.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                decoded = self.decode_jpeg([parts[k] for k in encoded], mode=self.mode, device=self.device)
-            for k, image in zip(encoded, decoded):
+                try:
+                    images = self.decode_jpeg(
+                        [parts[k] for k in encoded.tolist()], mode=self.mode, device=self.device
+                    )
+                except RuntimeError as error:
+                    raise RuntimeError(
+                        f"{self.store.path}: torchvision's decode_jpeg on {self.device} failed on records "
+                        f"{records[encoded][:5].tolist()}{'...' if len(encoded) > 5 else ''}: {error} "
+                        "(decode='host', the default, decodes them in fastload's threads)"
+                    ) from error
+            for k, image in zip(encoded.tolist(), images):
                 if tuple(image.shape) != (c, h, w):
                     raise ValueError(
                         f"{self.store.path}: record {int(records[k])} decodes to "
                         f"{image.shape[1]}x{image.shape[2]}x{image.shape[0]}, not the store's "
                         f"{h}x{w}x{c}: the record is damaged (fastload verify --decode)"
                     )
-                images[k] = image.permute(1, 2, 0)
-        if not images:
-            return torch.empty((0, h, w, c), dtype=torch.uint8, device=self.device)
-        return torch.stack(images)  # one copy into N×H×W×C, as the conversion takes it
+            decoded = [image.permute(1, 2, 0) for image in images]
+            if len(encoded) == len(parts):
+                return torch.stack(decoded)
+        # A mixed batch: each image copied into its place (an index tensor would be a copy from
+        # the host, which waits for the stream).
+        batch = torch.empty((len(parts), h, w, c), dtype=torch.uint8, device=self.device)
+        for k in np.flatnonzero(~jpeg).tolist():
+            batch[k].copy_(parts[k].view(h, w, c), non_blocking=self.pin)
+        for k, image in zip(encoded.tolist(), decoded or ()):
+            batch[k].copy_(image)
+        return batch
