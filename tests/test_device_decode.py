@@ -243,6 +243,15 @@ def test_the_resident_store_holds_the_compressed_bytes_and_yields_the_same_batch
     same_batches(subset.loader(ds), expected)
 
 
+def test_by_default_the_resident_store_holds_a_compressed_store_decoded_by_the_host(budget_path):
+    resident = DeviceStore(budget_path, "cpu", reserve_bytes=0, progress=False)
+    assert resident.decoder is None and resident.images.shape == (N, *SHAPE)
+    same_batches(
+        resident.loader(FastLoadDataset(budget_path, 8, seed=11, return_indices=True)),
+        host(budget_path, seed=11),
+    )
+
+
 @needs_torchvision
 def test_records_beyond_half_the_ram_are_refused_before_anything_is_pinned(jpeg_path, monkeypatch):
     import fastload.resident
