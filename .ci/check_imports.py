@@ -46,6 +46,7 @@ LAYERS = [
         "pipeline",
         [
             "fastload.dataset.*",
+            "fastload.decode",
             "fastload.device",
             "fastload.resident",
             "fastload.augment",

@@ -15,6 +15,9 @@
 #   FILL_GPU_GB  GB of 384x384x3 records in the fill_gpu store (default 8 on CUDA, 0.02 on the CPU)
 #   FASTLOAD_WHEEL  install this wheel first (else the checkout's python/ when its extension is
 #                built, else `pip install -e ".[test]"`)
+#   TORCHVISION_DIR  a folder holding torchvision (`pip install --no-deps --target DIR
+#                torchvision==0.29.2`, made where there is a network and carried along), added
+#                to PYTHONPATH: the decode step and the CUDA decode test need its decode_jpeg
 #
 # Steps, with their own limits (seconds) and what they cost on an H200 (estimated: none has
 # run there yet):
@@ -26,6 +29,13 @@
 #   bench         180  fastload bench --only memcpy,gather,dataset,h2d,to_device --size-gb 2:
 #                      the copy limit against the loader, the link, and the verdict
 #   to_device      60  batches byte-exact on the device through FastLoadDataset + to_device
+#   decode         90  #47: images/s of DeviceLoader(decode="device") and DeviceStore(decode=
+#                      "device") on a JPEG store (quality 90) against the raw DeviceLoader, the
+#                      raw DeviceStore and the host decode, on the same records (2048 of
+#                      384x384x3, photo-like), 3 epochs each after a warm-up one; nvjpeg's pixels
+#                      against the host decode's (max and mean abs difference: for
+#                      tests/test_device_decode.py's CUDA_TOLERANCE). Fails on CUDA without
+#                      torchvision; the dry run notes its absence and passes
 #   train_bf16     90  fastload train --amp bf16 on that small store
 #   fill_gpu      300  bench_fit_many.py on FILL_GPU_GB of 384x384x3 records, N = 1, 2, 4, 8,
 #                      the four modes, 1 epoch, amp off (so --stack stacks): 27 processes,
@@ -36,10 +46,10 @@
 #                      default budget little is left for it; run it alone as well:
 #                      STEPS=suite benches/device_check.sh OUTDIR2. The dry run (DEVICE=cpu)
 #                      runs the data path's test files only
-# Default budget: the steps above but the suite take about 8 minutes on an H200 (estimated).
+# Default budget: the steps above but the suite take about 9 minutes on an H200 (estimated).
 #
 # OUTDIR (default ./device_check) gets, as each step ends: NN-STEP.log (its output), the
-# figures it writes (bench.json, fit_many_cuda.json, to_device.json, train.jsonl, fill_gpu.json,
+# figures it writes (bench.json, fit_many_cuda.json, to_device.json, decode.json, train.jsonl, fill_gpu.json,
 # fill_gpu_bf16.json), junit-STEP.xml for the test steps, and, rewritten after every step,
 # steps.tsv, failed-tests.txt and summary.json (every step's outcome, the failed tests by name,
 # the verdict, the problems). Exit 1 if a step failed or was skipped for want of time, a test
@@ -48,7 +58,7 @@ set -uo pipefail
 
 PYTHON="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
-STEPS="${STEPS:-setup,cuda_tests,fit_many_cuda,bench,to_device,train_bf16,fill_gpu,fill_gpu_bf16,augment,suite}"
+STEPS="${STEPS:-setup,cuda_tests,fit_many_cuda,bench,to_device,decode,train_bf16,fill_gpu,fill_gpu_bf16,augment,suite}"
 if [[ "$DEVICE" == cuda ]]; then
     FIT_MANY_SIZE=(--counts 4 --records 4096 --side 96 --epochs 2 --batch-size 256) # #25's command
     BENCH_SIZE=(--size-gb 2)
@@ -56,6 +66,8 @@ if [[ "$DEVICE" == cuda ]]; then
     FILL_COUNTS=1,2,4,8
     TRAIN_SIZE="--epochs 3 --max-steps 40" # a string: the train_bf16 function gets it exported
     SMALL_RECORDS=4096
+    DECODE_RECORDS=2048
+    DECODE_SIDE=384
     LIMIT_SCALE=1
     BUDGET="${BUDGET:-540}"
 else # the dry run: the same steps, smaller, with twice each step's limit (every child process
@@ -66,6 +78,8 @@ else # the dry run: the same steps, smaller, with twice each step's limit (every
     FILL_COUNTS=1,2
     TRAIN_SIZE="--epochs 1 --max-steps 8"
     SMALL_RECORDS=1024
+    DECODE_RECORDS=96
+    DECODE_SIDE=64
     LIMIT_SCALE=2
     BUDGET="${BUDGET:-900}"
 fi
@@ -133,7 +147,10 @@ summarize() { # its exit status says whether there are problems; a traceback, th
 if [[ -z "${FASTLOAD_WHEEL:-}" ]] && PYTHONPATH="$ROOT/python" "$PYTHON" -c "import fastload._core" 2>/dev/null; then
     export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHON DEVICE OUTDIR WORK ROOT TRAIN_SIZE SMALL_RECORDS
+if [[ -n "${TORCHVISION_DIR:-}" ]]; then
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$TORCHVISION_DIR"
+fi
+export PYTHON DEVICE OUTDIR WORK ROOT TRAIN_SIZE SMALL_RECORDS DECODE_RECORDS DECODE_SIDE
 
 setup() {
     if [[ -n "${FASTLOAD_WHEEL:-}" ]]; then
@@ -205,6 +222,89 @@ assert ds.pin_memory == (device == "cuda"), "batches are not pinned with CUDA av
 EOF
 }
 
+decode_check() {
+    "$PYTHON" - "$WORK" "$DEVICE" "$OUTDIR/decode.json" "$DECODE_RECORDS" "$DECODE_SIDE" <<'EOF'
+import json, sys, time
+import numpy as np
+import torch
+from fastload import DeviceLoader, DeviceStore, FastLoadDataset, Store, StoreWriter
+
+work, device, out = sys.argv[1:4]
+records, side = int(sys.argv[4]), int(sys.argv[5])
+figures = {"records": records, "shape": [side, side, 3], "device": device, "batch_size": 256, "quality": 90}
+try:
+    import torchvision
+except ImportError:
+    figures["skipped"] = "torchvision is not installed (TORCHVISION_DIR): decode='device' needs it"
+    json.dump(figures, open(out, "w"), indent=1)
+    sys.exit(f"decode: {figures['skipped']}" if device == "cuda" else 0)
+figures["torchvision"] = torchvision.__version__
+raw, jpeg = f"{work}/decode_raw.fl", f"{work}/decode_jpeg.fl"
+generator = torch.Generator().manual_seed(0)
+with StoreWriter(raw, (side, side, 3), "int64") as r, \
+        StoreWriter(jpeg, (side, side, 3), "int64", encoding="jpeg", quality=90) as j:
+    for first in range(0, records, 256):  # photo-like: smooth regions, edges, sensor noise
+        n = min(256, records - first)
+        coarse = torch.rand((n, 3, side // 16, side // 16), generator=generator) * 255
+        smooth = torch.nn.functional.interpolate(coarse, size=(side, side), mode="bilinear", align_corners=False)
+        noisy = smooth + 4 * torch.randn(smooth.shape, generator=generator)
+        images = noisy.clamp(0, 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+        labels = np.arange(first, first + n)
+        r.extend(images, labels)
+        j.extend(images, labels)
+figures["file_bytes"] = {"raw": Store(raw).file_size, "jpeg": Store(jpeg).file_size}
+
+
+def epochs(make, repeats=3):
+    """images/s of the best of `repeats` epochs after a warm-up one (CUDA's and nvjpeg's start-up)."""
+    loader, best = make(), 0.0
+    for epoch in range(repeats + 1):
+        started = time.perf_counter()
+        count = sum(len(batch[0]) for batch in loader)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if epoch:
+            best = max(best, count / (time.perf_counter() - started))
+    return round(best, 1)
+
+
+def dataset(path, **options):
+    return FastLoadDataset(path, 256, seed=0, **options)
+
+
+rates = figures["images_per_s"] = {}
+rates["DeviceLoader raw"] = epochs(lambda: DeviceLoader(dataset(raw), device))
+rates["DeviceLoader jpeg decode=host"] = epochs(lambda: DeviceLoader(dataset(jpeg), device))
+rates["DeviceLoader jpeg decode=device"] = epochs(lambda: DeviceLoader(dataset(jpeg), device, decode="device"))
+held = DeviceStore(raw, device, progress=False)
+rates["DeviceStore raw"] = epochs(lambda: held.loader(dataset(raw)))
+del held
+held = DeviceStore(jpeg, device, progress=False, decode="device")
+figures["held_compressed_bytes"] = held.nbytes
+rates["DeviceStore jpeg decode=device"] = epochs(lambda: held.loader(dataset(jpeg)))
+print(json.dumps(rates))
+
+# nvjpeg's pixels against the host decode's (fastload's Rust threads), on every record.
+largest, total, differing, pixels, mismatched = 0, 0.0, 0, 0, 0
+in_order = dict(order="sequential", shuffle=False, return_indices=True)
+pairs = zip(DeviceLoader(dataset(jpeg, **in_order), device, decode="device"), DeviceLoader(dataset(jpeg, **in_order), device))
+for (a, labels_a, indices_a), (b, labels_b, indices_b) in pairs:
+    mismatched += int(not (torch.equal(labels_a, labels_b) and torch.equal(indices_a, indices_b)))
+    d = ((a - b) * 255).round().abs()  # x/255 in float32 rounds back to x exactly
+    largest, total = max(largest, int(d.max())), total + float(d.sum())
+    differing, pixels = differing + int((d > 0).sum()), pixels + d.numel()
+figures["pixels_against_host_decode"] = {
+    "max_abs": largest,
+    "mean_abs": round(total / pixels, 5),
+    "share_differing": round(differing / pixels, 5),
+    "batches_with_other_labels_or_indices": mismatched,
+}
+json.dump(figures, open(out, "w"), indent=1)
+print(json.dumps(figures))
+assert mismatched == 0, figures
+EOF
+}
+
 train_bf16() {
     small_store || return 1
     rm -f "$OUTDIR/train.jsonl"
@@ -228,7 +328,7 @@ suite_step() {
     pytest_step suite -m "not slow" "${parallel[@]}" "${files[@]}"
 }
 
-export -f setup small_store to_device_check train_bf16 pytest_step suite_step
+export -f setup small_store to_device_check decode_check train_bf16 pytest_step suite_step
 say "$PYTHON, DEVICE=$DEVICE, budget $BUDGET s, steps $STEPS -> $OUTDIR"
 run_step setup 20 setup
 # The tests whose outcome depends on CUDA: benches/cuda_tests.txt lists them (a CI test checks
@@ -240,6 +340,7 @@ run_step fit_many_cuda 120 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE
 run_step bench 180 "$PYTHON" -m fastload bench --only memcpy,gather,dataset,h2d,to_device "${BENCH_SIZE[@]}" \
     --repeats 3 --quiet --json "$OUTDIR/bench.json"
 run_step to_device 60 to_device_check
+run_step decode 90 decode_check
 run_step train_bf16 90 train_bf16
 run_step fill_gpu 300 "$PYTHON" benches/bench_fit_many.py --device "$DEVICE" --side 384 --size-gb "$FILL_GPU_GB" \
     --counts "$FILL_COUNTS" --epochs 1 --batch-size 256 --val-fraction 0.05 --repeats 1 --child-timeout 120 \

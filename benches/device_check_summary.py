@@ -1,6 +1,7 @@
 """The summary of a benches/device_check.sh run, from what its steps left in OUTDIR: every
 step's outcome (steps.tsv), the tests by outcome (junit-STEP.xml, or the -v log of a step
-that was killed before pytest wrote its XML), the bench's verdict and the fit_many figures.
+that was killed before pytest wrote its XML), the bench's verdict, the decode figures and the
+fit_many figures.
 
     python3 benches/device_check_summary.py OUTDIR DEVICE
 
@@ -146,6 +147,7 @@ def summarize(outdir: Path, device: str) -> dict:
             ],
         },
         "to_device": read_json(outdir / "to_device.json"),
+        "decode": read_json(outdir / "decode.json"),
         "train": train,
         **{name: fit_many_figures(read_json(outdir / f"{name}.json")) for name in FIGURE_FILES},
     }

@@ -1,7 +1,9 @@
 """Moving batches to the accelerator: `to_device` sends one uint8 batch and converts it only on
 the device, augmenting there when given an `Augment` (fastload.augment); `DeviceLoader` does
 that for every batch of a loader, on CUDA overlapping each batch's copy with the conversion of
-the batch before it and the gather of the batches after it."""
+the batch before it and the gather of the batches after it, or (decode="device") sends a
+compressed store's bytes and decodes them there (fastload.decode). `WalkLoader` is what every
+loader that makes its batches on the device shares: the dataset cursor's `Walk`, followed."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import statistics
 import time
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from fastload.augment import Augment, check_epoch, check_uint8_batch, convert, kernel_runs
 from fastload.dataset.cursor import Progress
+from fastload.decode import DeviceDecoder, decode_mode
+from fastload.store import Store
 
 # Batches a DeviceLoader copies ahead at most: each is a batch of device memory held early.
 MAX_DEPTH = 16
@@ -211,6 +216,16 @@ class DeviceLoader:
     without a FastLoadDataset (bare batches) has no state: its iterations count the epochs
     of the augmentation draws. `timing=True` records CUDA events per batch; `timings()` sums
     them up.
+
+    `decode="device"` (a compressed store: `StoreWriter(encoding="jpeg")`) decodes on `device`
+    instead of in fastload's Rust threads: `source` is then the FastLoadDataset itself, whose
+    cursor's `Walk` this loader follows (as the resident store does), reading each batch's
+    stored bytes from the mapping (a tenth of the pixels' at quality 90) and decoding them with
+    torchvision's `decode_jpeg`, nvjpeg on CUDA (fastload.decode: why the bytes go through the
+    host). The same records, labels, indices, epochs, resume points, rank shares and
+    augmentation draws as the default decode="host"; pixels as torchvision's decoder makes
+    them (on the CPU equal to fastload's own, measured; nvjpeg rounds differently). `depth`
+    and the copy stream do not apply: decode_jpeg returns once its batch is decoded.
     """
 
     def __init__(
@@ -225,6 +240,7 @@ class DeviceLoader:
         augment: Optional[Augment] = None,
         depth: int = 2,
         timing: bool = False,
+        decode: str = "host",
     ):
         if not hasattr(source, "__iter__"):
             raise TypeError(
@@ -248,6 +264,17 @@ class DeviceLoader:
         # it, when it takes buffers back, then follow the copies of earlier iterations too.
         self._copies: Optional[CudaCopies] = None
         self._times: List[BatchTimes] = []
+        self.decode = decode_mode(decode)
+        self._decoding: Optional[DecodingLoader] = None
+        if self.decode == "device":
+            if not hasattr(source, "walk"):
+                raise TypeError(
+                    "decode='device' reads the stored bytes of the dataset's batches itself: pass the "
+                    f"FastLoadDataset as the source (not a DataLoader over it), not {type(source).__name__}"
+                )
+            if timing:
+                raise ValueError("timing=True times the copies of decode='host'; decode='device' has none")
+            self._decoding = DecodingLoader(source, self.device, self.conversion)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -283,6 +310,8 @@ class DeviceLoader:
         return Progress(epoch, 0, dispatched=False, claimed=True)
 
     def __iter__(self) -> Iterator:
+        if self._decoding is not None:
+            return iter(self._decoding)
         return self._iteration()
 
     def _iteration(self) -> Iterator:
@@ -426,6 +455,73 @@ class DeviceLoader:
                 "total": sum(values),
             }
         return summary
+
+
+class WalkLoader:
+    """A loader that makes its batches on the device itself, from the record numbers of the
+    dataset cursor's `Walk` (`FastLoadDataset.walk`): the resident store (`ResidentLoader`)
+    and DeviceLoader(decode="device"). Order, epochs, resume points, rank shares and the
+    epoch of the augmentation draws are then the dataset's, as DeviceLoader's are, and
+    `set_epoch`, `state_dict` and `load_state_dict` pass to it. A subclass makes the images
+    and labels of one batch (`_images`); this class counts, converts and yields it."""
+
+    def __init__(self, dataset, device: torch.device, conversion: Conversion):
+        if not hasattr(dataset, "walk"):
+            raise TypeError(f"dataset must be a FastLoadDataset, not {type(dataset).__name__}")
+        self.dataset, self.device, self.conversion = dataset, device, conversion
+        self.waited = 0.0  # host seconds the latest iteration spent making batches (DeviceLoader's figure)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        check_epoch(epoch)
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)
+
+    def __iter__(self) -> Iterator:
+        # Claimed on the first batch, as FastLoadDataset claims its epoch.
+        self.waited = 0.0
+        walk = self.dataset.walk()
+        progress = walk.progress
+        for k in range(len(walk)):
+            started = time.perf_counter()
+            records = walk.batch(k)
+            images, labels = self._images(records)
+            keys = torch.from_numpy(records.copy()).to(self.device)
+            out = self.conversion(images, keys, progress.epoch)
+            self._converted()
+            self.waited += time.perf_counter() - started
+            progress.position += walk.step
+            yield (out, labels, keys) if self.dataset.return_indices else (out, labels)
+        self.dataset.cursor.finish(progress)
+
+    def _images(self, records: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 N×H×W×C images, labels) of `records`, on the device."""
+        raise NotImplementedError
+
+    def _converted(self) -> None:
+        """Called once a batch's images were converted: their memory may be reused after it."""
+
+
+class DecodingLoader(WalkLoader):
+    """DeviceLoader(decode="device"): each batch's stored bytes read from the mapping and
+    decoded on the device (`fastload.decode.DeviceDecoder`), its labels from the store's."""
+
+    def __init__(self, dataset, device: torch.device, conversion: Conversion):
+        super().__init__(dataset, device, conversion)
+        self.store = Store(dataset.path)
+        self.decoder = DeviceDecoder(self.store, device)
+
+    def _images(self, records: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        parts, jpeg = self.decoder.read(records)
+        labels = torch.from_numpy(self.store.labels[records]).to(self.device)
+        return self.decoder(parts, jpeg, records), labels
 
 
 def _timing_event(stream) -> Any:
