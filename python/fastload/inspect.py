@@ -210,13 +210,9 @@ def _gpu_plan(store: Store) -> Optional[dict]:
     if not torch.cuda.is_available():
         return None
     device = torch.device("cuda", torch.cuda.current_device())
-    # A compressed store is held as stored: its records' mean size, rounded up.
-    record_bytes = (
-        -(-store.file_size // max(len(store), 1))
-        if store.compressed
-        else store.image_nbytes + store.label_dtype.itemsize
-    )
-    plan = device_plan(len(store), record_bytes, device)
+    # DeviceStore holds records decoded by default, a compressed store's too; with
+    # decode="device" it holds only the labels there (the compressed bytes stay in pinned RAM).
+    plan = device_plan(len(store), store.image_nbytes + store.label_dtype.itemsize, device)
     return {"name": torch.cuda.get_device_name(device), **plan}
 
 
