@@ -1,7 +1,7 @@
 """Type stubs for the Rust extension `fastload._core` (hand-written; keep in step with rust/bindings/)."""
 
 import os
-from typing import List, Optional, Sequence, Tuple, Union, final
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -113,6 +113,16 @@ class Store:
     def meta_json(self) -> str: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def fixed_stride(self) -> bool:
+        """Records at a fixed stride (format 1); False with a record table (format 2)."""
+    @property
+    def version(self) -> int: ...
+    @property
+    def encodings(self) -> Tuple[int, int]:
+        """(raw records, JPEG records)."""
+    def stored(self, index: int) -> Tuple[str, np.ndarray]:
+        """("raw" | "jpeg", a read-only view of the record's stored bytes)."""
     def image_bytes(self) -> np.ndarray:
         """Read-only 1-D uint8 array over the images section."""
     def label_bytes(self) -> np.ndarray:
@@ -130,8 +140,10 @@ class Store:
     ) -> None: ...
     def copy_in_order(self, first: int, count: int, batch: npt.NDArray[np.uint8]) -> None:
         """Records first..first+count-1 in order, a batch at a time, into `batch`."""
+    def read_serially(self, indices: npt.NDArray[np.int64], images: npt.NDArray[np.uint8]) -> None:
+        """The records one after another on the calling thread (decoded when encoded)."""
     def will_need(self, indices: npt.NDArray[np.int64]) -> None: ...
-    def verify(self, limit: Optional[int] = None) -> Tuple[List[int], int]: ...
+    def verify(self, limit: Optional[int] = None, decode: bool = False) -> Tuple[List[int], int]: ...
     def resident_bytes(self) -> Tuple[int, int]: ...
     @property
     def identity(self) -> Tuple[int, int, int, int]:
@@ -141,9 +153,22 @@ class Store:
 
 @final
 class StoreWriter:
-    def __new__(cls, path: _Path, shape: Tuple[int, int, int], label_dtype: str, overwrite: bool) -> Self: ...
+    def __new__(
+        cls,
+        path: _Path,
+        shape: Tuple[int, int, int],
+        label_dtype: str,
+        overwrite: bool,
+        quality: Optional[int] = None,
+        max_file_bytes: Optional[int] = None,
+        expected_count: int = 0,
+        meta_bytes: int = 0,
+        seed: int = 0,
+    ) -> Self: ...
     def __len__(self) -> int: ...
     def append_many(self, images: npt.NDArray[np.uint8], labels: npt.NDArray[np.uint8]) -> None: ...
+    def encode_stats(self) -> Optional[Dict[str, Any]]:
+        """What encoding did so far (None for a raw store)."""
     def commit(self, meta_json: str) -> str: ...
     def discard(self) -> None: ...
 
