@@ -207,11 +207,7 @@ class Store:
     def __getitem__(self, index: int):
         """(image H×W×C, label) of one record; negative indices count from the end. The image
         is a view of the mapping, or in a compressed store the record decoded (a new array)."""
-        if not is_int(index):
-            raise TypeError(f"store indices must be integers, not {type(index).__name__}")
-        if not -INT64_MAX - 1 <= int(index) <= INT64_MAX:
-            raise IndexError(f"index {index} is out of range for a store of {self._len} records")
-        i = self._core.resolve(int(index))
+        i = self._core.resolve(self._checked_index(index))
         if self.compressed:
             images, labels = self.gather([i])
             return images[0], labels[0]
@@ -221,12 +217,17 @@ class Store:
         """Record `index` as the file stores it: its encoding ("raw" or "jpeg") and a read-only
         uint8 view of its bytes (a JPEG for an encoded record), for a decoder of one's own,
         such as the GPU's."""
+        encoding, data = self._core.stored(self._checked_index(index))
+        return encoding, data
+
+    def _checked_index(self, index: Any) -> int:
+        """`index` as an int64 (negative from the end); TypeError for a non-integer, IndexError
+        beyond int64 (the range itself is checked by the core)."""
         if not is_int(index):
             raise TypeError(f"store indices must be integers, not {type(index).__name__}")
         if not -INT64_MAX - 1 <= int(index) <= INT64_MAX:
             raise IndexError(f"index {index} is out of range for a store of {self._len} records")
-        encoding, data = self._core.stored(int(index))
-        return encoding, data
+        return int(index)
 
     def __iter__(self):
         for i in range(self._len):
@@ -519,16 +520,16 @@ class StoreWriter:
         their raw pixels (`psnr_mean`, `psnr_min`; 100 for an exact one)."""
         return self._core.encode_stats()
 
-    def _meta_json(self) -> str:
-        """The metadata as stored, with the writer's keys; ValueError naming what a reader would refuse."""
+    def _meta_json(self, encoding_stats: Optional[Dict[str, Any]] = None) -> str:
+        """The metadata as stored, with the writer's keys (and, for a writer that encodes, what
+        encoding did); ValueError naming what a reader would refuse."""
         meta = {
             "fastload_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **self.meta,
         }
-        stats = self.encode_stats() if hasattr(self, "_core") else None
-        if stats is not None:
-            meta["encoding"] = {"format": "jpeg", "quality": self.quality, **stats}
+        if encoding_stats is not None:
+            meta["encoding"] = {"format": "jpeg", "quality": self.quality, **encoding_stats}
         names = meta.get("class_names")
         shared = shared_class_names(names) if isinstance(names, (list, tuple)) else []
         if shared:
@@ -555,7 +556,7 @@ class StoreWriter:
 
     def commit(self) -> Path:
         """Finishes the store and moves it into place; returns its path."""
-        return Path(self._core.commit(self._meta_json()))
+        return Path(self._core.commit(self._meta_json(self.encode_stats())))
 
     def discard(self) -> None:
         """Throws the partial store away; nothing is left at `path`."""
