@@ -21,7 +21,7 @@ import torch
 from dataset_helpers import rank_share
 from torch.utils.data import DataLoader
 
-from fastload import Augment, DeviceLoader, DeviceStore, FastLoadDataset, Store, StoreWriter
+from fastload import Augment, DeviceLoader, DeviceStore, FastLoadDataset, Store, StoreError, StoreWriter
 from fastload.errors import MissingDependencyError
 
 try:
@@ -310,7 +310,7 @@ def test_a_record_decoding_to_another_size_or_failing_is_named(jpeg_path, monkey
         FastLoadDataset(jpeg_path, 8, order="sequential", shuffle=False), "cpu", decode="device"
     )
     with pytest.raises(
-        ValueError, match=r"record 0 decodes to 2x2x3, not the store's 24x20x3: the record is damaged"
+        StoreError, match=r"record 0 decodes to 2x2x3, not the store's 24x20x3: the record is damaged"
     ):
         next(iter(loader))
 

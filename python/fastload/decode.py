@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fastload._checks import import_optional
-from fastload.store import Store
+from fastload.store import Store, StoreError
 
 #: Where a DeviceLoader decodes a compressed store's records: "host" (fastload's Rust threads,
 #: libjpeg-turbo, into the batch buffers; the default) or "device" (torchvision's decode_jpeg on
@@ -120,7 +120,7 @@ class DeviceDecoder:
                     ) from error
             for k, image in zip(encoded.tolist(), images):
                 if tuple(image.shape) != (c, h, w):
-                    raise ValueError(
+                    raise StoreError(
                         f"{self.store.path}: record {int(records[k])} decodes to "
                         f"{image.shape[1]}x{image.shape[2]}x{image.shape[0]}, not the store's "
                         f"{h}x{w}x{c}: the record is damaged (fastload verify --decode)"
