@@ -141,6 +141,27 @@ def test_grayscale_records_round_trip(tmp_path):
         assert s.encodings["jpeg"] == 6 and psnr(s[3][0], images[3]) > 30
 
 
+# SHA-256 of a small raw store as the writer before compressed records (commit 228563c) wrote it:
+# raw stores are written, and so read, byte for byte as before.
+RAW_STORE_BEFORE_47 = "18c3fdc1f45832bd34d2b1d67226f8ff52fa063baf49b488f54b33b0d8445c21"
+
+
+def test_a_raw_store_is_written_byte_for_byte_as_before_compressed_records(tmp_path):
+    import hashlib
+
+    from fastload import _core
+
+    path = tmp_path / "golden.fastload"
+    writer = _core.StoreWriter(path, (5, 7, 3), "int64", False)
+    images = (np.arange(4 * 5 * 7 * 3) * 37 % 251).astype(np.uint8)
+    writer.append_many(images, (np.arange(4, dtype=np.int64) * 3 - 5).view(np.uint8))
+    writer.commit('{"note": "v1 golden"}')
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == RAW_STORE_BEFORE_47
+    with Store(path) as s:
+        assert s.version == 1 and np.array_equal(s.images.reshape(-1), images)
+        assert s.labels.tolist() == [-5, -2, 1, 4]
+
+
 def test_raw_stores_are_still_format_1(tmp_path):
     with Store(write(tmp_path / "r.fastload", photos(3), np.zeros(3))) as s:
         assert (s.version, s.compressed, s.encodings) == (1, False, {"raw": 3, "jpeg": 0})
