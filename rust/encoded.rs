@@ -46,6 +46,14 @@ impl SizeBudget {
             + 4 * SECTION_ALIGN
             + self.meta_bytes
     }
+
+    /// Whether `count` records whose stored bytes take `records_bytes` already pass the bound,
+    /// counting only what they certainly add (header, their table entries, labels and
+    /// checksums): the store cannot fit, whatever the records still to come.
+    pub fn exceeded(&self, records_bytes: u64, count: u64) -> bool {
+        let certain = HEADER_SIZE as u64 + count * (ENTRY_SIZE + LABEL_SIZE + CHECKSUM_SIZE);
+        records_bytes.saturating_add(certain) > self.max_file_bytes
+    }
 }
 
 /// One record encoded: its JPEG and the PSNR of its decoding against the raw pixels; None
@@ -247,6 +255,18 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_is_exceeded_only_by_what_the_records_certainly_take() {
+        let budget = SizeBudget {
+            max_file_bytes: 10_000,
+            expected_count: 100,
+            meta_bytes: 5_000,
+            seed: 0,
+        };
+        assert!(!budget.exceeded(10_000 - 4096 - 32 * 10, 10));
+        assert!(budget.exceeded(10_000 - 4096 - 32 * 10 + 1, 10));
+    }
+
+    #[test]
     fn no_room_encodes_everything_and_ample_room_keeps_everything_raw() {
         assert_eq!(place(1000, 6400, 640, 1000, 7).0, 0);
         assert_eq!(place(1000, 6400, 640, u64::MAX, 7).0, 1000);
@@ -352,12 +372,27 @@ mod tests {
         };
         let mut w =
             StoreWriter::create_encoded(&path, shape, LabelDtype::Int64, false, options).unwrap();
+        let early = w.append_many(&images, &labels).unwrap_err().to_string();
+        assert!(early.contains("beyond the 5000 bytes allowed"), "{early}");
+        drop(w);
+        // Records that fit, with metadata that does not: refused at commit.
+        let exact = SizeBudget {
+            max_file_bytes: all_encoded,
+            ..budget
+        };
+        let options = EncodeOptions {
+            quality: 90,
+            budget: Some(exact),
+        };
+        let mut w =
+            StoreWriter::create_encoded(&path, shape, LabelDtype::Int64, false, options).unwrap();
         w.append_many(&images, &labels).unwrap();
+        let meta = format!(r#"{{"note": "{}"}}"#, "m".repeat(4096));
         assert!(w
-            .commit("{}")
+            .commit(&meta)
             .unwrap_err()
             .to_string()
-            .contains("more than the 5000 bytes allowed"));
+            .contains(&format!("more than the {all_encoded} bytes allowed")));
         assert!(!path.exists());
     }
 

@@ -266,7 +266,21 @@ impl StoreWriter {
                     .extend_from_slice(&record_checksum(bytes, label).to_le_bytes());
                 self.count += 1;
             }
-            Ok(())
+            match table.options.budget {
+                // Fail now, not after the rest of a long pack, when the store cannot fit.
+                Some(budget) if budget.exceeded(table.records_len, self.count) => {
+                    Err(Error::Value(format!(
+                    "{}: the first {} records already take {} bytes, beyond the {} bytes allowed \
+                     (max_size), with {} of them encoded: lower the quality or allow more",
+                    dest.display(),
+                    self.count,
+                    table.records_len,
+                    budget.max_file_bytes,
+                    table.stats.encoded
+                )))
+                }
+                _ => Ok(()),
+            }
         })();
         self.table = Some(table);
         written

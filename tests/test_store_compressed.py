@@ -108,7 +108,10 @@ def test_a_budget_keeps_records_raw_spread_over_the_store_and_is_never_exceeded(
 
 def test_a_budget_too_small_fails_at_commit_and_leaves_nothing(tmp_path):
     dest = tmp_path / "small.fastload"
-    with pytest.raises(ValueError, match="more than the 5000 bytes allowed"):
+    # The records already pass the bound after the first chunk: refused then, not at commit.
+    with pytest.raises(
+        ValueError, match="the first 20 records already take .* beyond the 5000 bytes allowed"
+    ):
         write(dest, photos(20), np.zeros(20), encoding="jpeg", max_size=5000, expected_count=20)
     assert list(tmp_path.iterdir()) == []
 
@@ -267,7 +270,7 @@ def test_pack_encodes_reports_psnr_and_info_and_verify_say_so(tmp_path):
     checked = fastload("verify", "--decode", tmp_path / "m.fastload")
     assert checked.returncode == 0 and "every record matches its checksum and decodes" in checked.stdout
     refused = fastload("pack", src, tmp_path / "x.fastload", "--size", "64", "--max-size", "1kB")
-    assert refused.returncode == 1 and "more than the 1000 bytes allowed" in refused.stderr
+    assert refused.returncode == 1 and "beyond the 1000 bytes allowed" in refused.stderr
     assert not (tmp_path / "x.fastload").exists()
     bad = fastload("pack", src, tmp_path / "y.fastload", "--max-size", "lots")
     assert bad.returncode == 1 and "max_size must be a size such as 150GB" in bad.stderr
