@@ -490,7 +490,9 @@ fn a_named_pipe_fails_at_once_instead_of_blocking() {
 #[test]
 fn stop_ends_a_chunk_without_starting_more_files() {
     let dir = tempfile::tempdir().unwrap();
-    let png = noise_png(512, 1);
+    // Enough work that the whole chunk outlasts several polls in a release build too (64 files
+    // of 512 pixels decoded within the first 50 ms poll there).
+    let png = noise_png(1536, 1);
     let named: Vec<(String, Vec<u8>)> =
         (0..64).map(|i| (format!("{i}.png"), png.clone())).collect();
     let named: Vec<(&str, Vec<u8>)> = named.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
