@@ -36,13 +36,15 @@ pub struct SizeBudget {
     pub seed: u64,
 }
 
+/// Bytes each record adds outside the image section: its table entry, label and checksum.
+const RECORD_SECTION_BYTES: u64 = ENTRY_SIZE + LABEL_SIZE + CHECKSUM_SIZE;
+
 impl SizeBudget {
     /// Bytes of everything but the records: header, table, labels, checksums, metadata and
     /// the padding between sections.
     fn other_bytes(&self) -> u64 {
-        let per_record = ENTRY_SIZE + LABEL_SIZE + CHECKSUM_SIZE;
         HEADER_SIZE as u64
-            + self.expected_count.saturating_mul(per_record)
+            + self.expected_count.saturating_mul(RECORD_SECTION_BYTES)
             + 4 * SECTION_ALIGN
             + self.meta_bytes
     }
@@ -51,7 +53,7 @@ impl SizeBudget {
     /// counting only what they certainly add (header, their table entries, labels and
     /// checksums): the store cannot fit, whatever the records still to come.
     pub fn exceeded(&self, records_bytes: u64, count: u64) -> bool {
-        let certain = HEADER_SIZE as u64 + count * (ENTRY_SIZE + LABEL_SIZE + CHECKSUM_SIZE);
+        let certain = HEADER_SIZE as u64 + count * RECORD_SECTION_BYTES;
         records_bytes.saturating_add(certain) > self.max_file_bytes
     }
 }

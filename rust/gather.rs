@@ -25,15 +25,8 @@ pub fn gather(
     images: &mut [u8],
     labels: &mut [u8],
 ) -> Result<()> {
-    let image_len = store.header().image_len();
+    check_images(store, records, images)?;
     let n = records.len();
-    if images.len() != n * image_len {
-        return Err(Error::Value(format!(
-            "image buffer holds {} bytes, expected {n} × {image_len} = {}",
-            images.len(),
-            n * image_len
-        )));
-    }
     if labels.len() != n * 8 {
         return Err(Error::Value(format!(
             "label buffer holds {} bytes, expected {}",
@@ -51,6 +44,33 @@ pub fn gather(
         slot.copy_from_slice(&store.label_bytes(r));
     }
     copy_images(store, records, images)
+}
+
+/// Refuses an image buffer that does not hold exactly `records.len()` images.
+fn check_images(store: &Store, records: &[usize], images: &[u8]) -> Result<()> {
+    let image_len = store.header().image_len();
+    let n = records.len();
+    if images.len() != n * image_len {
+        return Err(Error::Value(format!(
+            "image buffer holds {} bytes, expected {n} × {image_len} = {}",
+            images.len(),
+            n * image_len
+        )));
+    }
+    Ok(())
+}
+
+/// Reads `records` (in range) one after another on the calling thread, no pool, into
+/// `images` (one image each; copied, or decoded when encoded): gather's work on one thread,
+/// the rate `fastload bench` sets gather's threads against (for JPEG records, libjpeg-turbo's
+/// one-thread decode rate).
+pub fn read_serially(store: &Store, records: &[usize], images: &mut [u8]) -> Result<()> {
+    check_images(store, records, images)?;
+    let image_len = store.header().image_len().max(1);
+    for (slot, &r) in images.chunks_exact_mut(image_len).zip(records) {
+        store.read_into(r, slot)?;
+    }
+    Ok(())
 }
 
 /// The image copy of `gather`, on the rayon pool: `images` holds exactly `records.len()`
@@ -130,6 +150,19 @@ mod tests {
         }
         w.commit("{}").unwrap();
         Store::open(&path).unwrap()
+    }
+
+    #[test]
+    fn reads_serially_what_gather_gathers_and_refuses_a_wrong_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = make_store(dir.path(), 7);
+        let records = resolve_indices(&store, &[6, 0, -1, 3, 3]).unwrap();
+        let (mut serial, mut gathered) = (vec![0u8; 5 * 45], vec![0u8; 5 * 45]);
+        read_serially(&store, &records, &mut serial).unwrap();
+        gather(&store, &records, &mut gathered, &mut [0u8; 40]).unwrap();
+        assert_eq!(serial, gathered);
+        let refused = read_serially(&store, &records, &mut serial[..4 * 45]).unwrap_err();
+        assert!(refused.to_string().contains("image buffer holds 180 bytes"));
     }
 
     #[test]

@@ -37,7 +37,8 @@ pub struct StoreWriter {
     shape: (u32, u32, u32),
     label_dtype: LabelDtype,
     image_len: usize,
-    padding: Vec<u8>,
+    /// Bytes from one raw record to the next in a v1 store: the image padded to 64.
+    stride: usize,
     labels: Vec<u8>,
     checksums: Vec<u8>,
     count: u64,
@@ -86,7 +87,7 @@ impl StoreWriter {
             shape,
             label_dtype,
             image_len,
-            padding: vec![0u8; stride - image_len],
+            stride,
             labels: Vec::new(),
             checksums: Vec::new(),
             count: 0,
@@ -167,18 +168,20 @@ impl StoreWriter {
                 self.shape
             )));
         }
+        self.write_record(image, self.stride - self.image_len, label)
+    }
+
+    /// Writes one record's stored bytes and `padding` zero bytes after them (less than 64),
+    /// and keeps its label and checksum (over the stored bytes) for the commit.
+    fn write_record(&mut self, bytes: &[u8], padding: usize, label: [u8; 8]) -> Result<()> {
         let dest = self.dest.clone();
-        let padding = std::mem::take(&mut self.padding);
-        let written = (|| {
-            let out = self.out()?;
-            out.write_all(image).map_err(|e| Error::io(&dest, e))?;
-            out.write_all(&padding).map_err(|e| Error::io(&dest, e))
-        })();
-        self.padding = padding;
-        written?;
+        let out = self.out()?;
+        out.write_all(bytes).map_err(|e| Error::io(&dest, e))?;
+        out.write_all(&[0u8; RECORD_ALIGN as usize][..padding])
+            .map_err(|e| Error::io(&dest, e))?;
         self.labels.extend_from_slice(&label);
         self.checksums
-            .extend_from_slice(&record_checksum(image, label).to_le_bytes());
+            .extend_from_slice(&record_checksum(bytes, label).to_le_bytes());
         self.count += 1;
         Ok(())
     }
@@ -253,18 +256,10 @@ impl StoreWriter {
                 let next = entry
                     .next_offset()
                     .expect("a record section within 64 bits");
-                let out = self.out()?;
-                out.write_all(bytes).map_err(|e| Error::io(&dest, e))?;
-                let pad = (next - table.records_len) as usize - bytes.len();
-                out.write_all(&[0u8; RECORD_ALIGN as usize][..pad])
-                    .map_err(|e| Error::io(&dest, e))?;
-                let label: [u8; 8] = label.try_into().unwrap();
+                let padding = (next - table.records_len) as usize - bytes.len();
+                self.write_record(bytes, padding, label.try_into().unwrap())?;
                 table.entries.extend_from_slice(&entry.encode());
                 table.records_len = next;
-                self.labels.extend_from_slice(&label);
-                self.checksums
-                    .extend_from_slice(&record_checksum(bytes, label).to_le_bytes());
-                self.count += 1;
             }
             match table.options.budget {
                 // Fail now, not after the rest of a long pack, when the store cannot fit.
@@ -290,7 +285,7 @@ impl StoreWriter {
     fn records_len(&self) -> u64 {
         match &self.table {
             Some(table) => table.records_len,
-            None => self.count * (self.image_len + self.padding.len()) as u64,
+            None => self.count * self.stride as u64,
         }
     }
 

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::{contiguous, contiguous_mut, to_py};
-use crate::gather::{copy_in_order, gather, resolve_indices};
+use crate::gather::{copy_in_order, gather, read_serially, resolve_indices};
 use crate::store::Store;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -214,9 +214,7 @@ impl CoreStore {
             .map_err(to_py)
     }
 
-    /// Reads the records at `indices` one after another on the calling thread (no pool), GIL
-    /// released, into `images` (N × image bytes): one thread's rate, which the bench sets
-    /// gather's threads against (for JPEG records, libjpeg-turbo's one-thread decode rate).
+    /// `gather::read_serially` of `indices` into `images` (N × image bytes), GIL released.
     fn read_serially(
         &self,
         py: Python<'_>,
@@ -226,22 +224,8 @@ impl CoreStore {
         let store = self.store()?;
         let indices = contiguous(&indices, "indices")?;
         let images = contiguous_mut(&mut images, "images")?;
-        let image_len = store.header().image_len();
-        if images.len() != indices.len() * image_len {
-            return Err(PyValueError::new_err(format!(
-                "images holds {} bytes, not {} records of {image_len}",
-                images.len(),
-                indices.len()
-            )));
-        }
-        py.detach(|| {
-            let records = resolve_indices(&store, indices)?;
-            for (slot, &r) in images.chunks_exact_mut(image_len.max(1)).zip(&records) {
-                store.read_into(r, slot)?;
-            }
-            Ok(())
-        })
-        .map_err(to_py)
+        py.detach(|| read_serially(&store, &resolve_indices(&store, indices)?, images))
+            .map_err(to_py)
     }
 
     /// Hints the kernel to read these records ahead (madvise WILLNEED); out-of-range indices raise.
