@@ -291,6 +291,13 @@ def info(path: PathLike) -> dict:
         }
 
 
+def raw_ratio(count: int, image_nbytes: int, file_bytes: int) -> float:
+    """How many times smaller a store file of `file_bytes` is than its `count` records' raw
+    pixels and labels (`image_nbytes` + 8 bytes each): what encoding saved, as `fastload info`
+    and `pack`'s report give it."""
+    return count * (image_nbytes + 8) / max(file_bytes, 1)
+
+
 def _encoding_summary(store: Store, file_bytes: int) -> Optional[dict]:
     """How a compressed store's records are stored (None for a raw one): the counts each way,
     how many times smaller the file is than the same records raw, the quality and PSNR its
@@ -298,13 +305,12 @@ def _encoding_summary(store: Store, file_bytes: int) -> Optional[dict]:
     if not store.compressed:
         return None
     count = len(store)
-    raw_bytes = count * (store.image_nbytes + 8)
     per_record = file_bytes / max(count, 1)
     recorded = store.meta.get("encoding")
     recorded = recorded if isinstance(recorded, dict) else {}
     return {
         **store.encodings,
-        "ratio": raw_bytes / max(file_bytes, 1),
+        "ratio": raw_ratio(count, store.image_nbytes, file_bytes),
         "stored_bytes_per_record": per_record,
         "fit_in_ram_stored": int(machine_memory() // max(per_record, 1)),
         **{key: recorded.get(key) for key in ("quality", "psnr_mean", "psnr_min")},

@@ -350,6 +350,22 @@ def shared_class_names(names: Sequence[Any]) -> List[str]:
     return shared
 
 
+def check_encoding(encoding: str, quality: int, max_size: Optional[int]) -> None:
+    """The encoding options of a store, checked in one place for `StoreWriter` and `pack`:
+    an encoding of ENCODINGS, a JPEG quality from 1 to 100, and a size bound (bytes), which
+    only a store that encodes can keep."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
+    if not (is_int(quality) and 1 <= quality <= 100):
+        raise ValueError(f"quality must be an integer from 1 to 100, not {quality!r}")
+    if max_size is not None:
+        int_in_range(max_size, "max_size", 1)
+        if encoding != "jpeg":
+            raise ValueError(
+                "max_size keeps as many records raw as fit and encodes the rest: give encoding='jpeg'"
+            )
+
+
 def _meta_problem(value: Any, where: str, depth: int, seen: list) -> Optional[str]:
     """The first reason `value` cannot be stored as metadata a reader accepts, naming where
     it is (NaN, infinity, a lone surrogate, nesting or size beyond the reader's bounds).
@@ -434,17 +450,10 @@ class StoreWriter:
             raise ValueError(f"label_dtype must be 'float64' or 'int64', not {label_dtype!r}")
         if meta is not None and not isinstance(meta, dict):
             raise TypeError(f"meta must be a dict, not {type(meta).__name__}")
-        if encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
-        if not (is_int(quality) and 1 <= quality <= 100):
-            raise ValueError(f"quality must be an integer from 1 to 100, not {quality!r}")
+        check_encoding(encoding, quality, max_size)
         int_in_range(seed, "seed", 0)
-        if max_size is not None:
-            int_in_range(max_size, "max_size", 1)
-            if encoding != "jpeg":
-                raise ValueError("max_size bounds a store that encodes records: give encoding='jpeg'")
-            if expected_count is None:
-                raise ValueError("max_size needs expected_count, the number of records that will be written")
+        if max_size is not None and expected_count is None:
+            raise ValueError("max_size needs expected_count, the number of records that will be written")
         if expected_count is not None:
             int_in_range(expected_count, "expected_count", 0)
         self.meta = dict(meta or {})

@@ -4,6 +4,7 @@ writer thread appends the previous chunk to the store; and the report of what it
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -19,7 +20,7 @@ from fastload import _core
 from fastload._checks import byte_size, fspath, is_int
 from fastload.errors import BadFilesError
 from fastload.files import output_target
-from fastload.inspect import NO_JPEG_SIMD
+from fastload.inspect import NO_JPEG_SIMD, raw_ratio
 from fastload.options import RESIZE_MODES
 from fastload.pack.display import display, listed, named, printable, warned
 from fastload.pack.labels import (
@@ -31,7 +32,7 @@ from fastload.pack.labels import (
 )
 from fastload.pack.walk import HIDDEN_FILE, HIDDEN_FOLDER, IMAGE_EXTENSIONS, has_image_extension, walk
 from fastload.progress import Progress
-from fastload.store import DEFAULT_QUALITY, ENCODINGS, LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter
+from fastload.store import DEFAULT_QUALITY, LABEL_DTYPES, NO_LABELS, PathLike, StoreWriter, check_encoding
 
 #: Records decoded per chunk and thread: enough that threads rarely wait for the chunk's last file.
 FILES_PER_THREAD = 16
@@ -85,7 +86,8 @@ class PackReport:
                 f"(PSNR against the raw records: mean {e['psnr_mean']:.1f} dB, worst {e['psnr_min']:.1f} dB)"
                 + (f"; {raw:,} kept raw" if raw else "")
                 + (f" ({e['raw_by_budget']:,} by the size budget)" if e["raw_by_budget"] else "")
-                + f"; the store is {_raw_ratio(self):.1f}x smaller than raw"
+                + f"; the store is {raw_ratio(self.records, math.prod(self.shape), self.store_bytes):.1f}x "
+                "smaller than raw"
             )
         if self.skipped:
             lines.append(
@@ -99,14 +101,6 @@ class PackReport:
             )
             lines.append(listed(named([(n, "; ".join(w)) for n, w in self.decode_warnings]), limit=50)[1:])
         return "\n".join(lines)
-
-
-def _raw_ratio(report: PackReport) -> float:
-    """How many times smaller the store is than the same records stored raw (pixels, labels and
-    checksums; the metadata counted in both)."""
-    h, w, c = report.shape
-    raw = report.records * (-(-h * w * c // 64) * 64 + 16) + (report.store_bytes - report.records * 32)
-    return raw / max(report.store_bytes, 1)
 
 
 def _megabytes(n: int) -> str:
@@ -501,12 +495,5 @@ def _check_encoding(
     max_bytes = None if max_size is None else byte_size(max_size, "max_size")
     if encoding is None:
         encoding = "raw" if max_bytes is None else "jpeg"
-    if encoding not in ENCODINGS:
-        raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
-    if max_bytes is not None and encoding != "jpeg":
-        raise ValueError(
-            "max_size keeps the records that fit raw and encodes the rest: it needs encoding='jpeg'"
-        )
-    if not (is_int(quality) and 1 <= quality <= 100):
-        raise ValueError(f"quality must be an integer from 1 to 100, not {quality!r}")
+    check_encoding(encoding, quality, max_bytes)
     return encoding, max_bytes
